@@ -1,0 +1,1 @@
+"""corral.client: the Python SDK and the corral CLI."""

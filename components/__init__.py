@@ -1,0 +1,1 @@
+"""corral.components: Pulumi ComponentResources for Corral."""

@@ -1,0 +1,1 @@
+"""corral.execd: the in-sandbox daemon."""
