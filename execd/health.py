@@ -1,0 +1,62 @@
+"""/v1/health (the only endpoint without a token), /v1/metrics (Prometheus text), /v1/env (claim env injection)."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from . import __version__
+from .endpoints import Router
+from .state import get_state
+
+router = Router("system")
+STARTED = time.time()
+
+
+class Health(BaseModel):
+    status: str = "ok"
+    version: str
+    uptime_seconds: float
+
+
+class EnvBody(BaseModel):
+    env: dict[str, str] = Field(description="Variables added to every later command and PTY (request env wins).")
+    merge: bool = Field(False, description="PUT only: merge into the current set instead of replacing it.")
+
+
+class EnvState(BaseModel):
+    env: dict[str, str]
+
+
+@router.get("/v1/health", "Liveness and readiness (no token needed)", response=Health, public=True)
+async def health(_: Request) -> Health:
+    return Health(version=__version__, uptime_seconds=round(time.time() - STARTED, 3))
+
+
+@router.get("/v1/metrics", "Prometheus metrics", response_media="text/plain; version=0.0.4")
+async def metrics(request: Request) -> Response:
+    return Response(get_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.put("/v1/env", "Set the env injected into every later command and PTY", body=EnvBody, response=EnvState, errors=(400,))
+async def set_env(request: Request, body: EnvBody) -> EnvState:
+    """For the operator: a claim's env reaches an already-warm sandbox without restarting it. The variables are
+    merged (after execd's own env, before each request's `env`) into every command and PTY started afterwards;
+    running processes are unaffected. `merge: false` replaces the whole set, so `{"env": {}}` clears it. Kept in
+    memory: an execd restart forgets it."""
+    state = get_state(request)
+    for key in body.env:
+        if not key or "=" in key or "\x00" in key or "\x00" in body.env[key]:
+            from .errors import ExecdError
+
+            raise ExecdError(400, f"invalid variable name or value: {key!r}", "invalid_env")
+    state.env = {**state.env, **body.env} if body.merge else dict(body.env)
+    return EnvState(env=state.env)
+
+
+@router.get("/v1/env", "The injected env", response=EnvState)
+async def get_env(request: Request) -> EnvState:
+    return EnvState(env=get_state(request).env)

@@ -1,0 +1,138 @@
+"""/v1/proxy/{port}/{path}: HTTP and WebSocket to a TCP port on the sandbox's loopback.
+
+httpx and the websockets client are imported on first use only: most sandboxes never proxy, and execd's start-up
+is on the cold-start path. The execd token is stripped before forwarding, so the sandboxed app never sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from .endpoints import Router
+from .errors import ExecdError, error_response
+from .middleware import TOKEN_HEADER
+
+router = Router("proxy")
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+HOP = {
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade", b"host", b"authorization", TOKEN_HEADER, b"content-length",
+}
+PARAMS = {"port": "TCP port on the sandbox's 127.0.0.1.", "path": "Path forwarded as is (query string too)."}
+_client: Any = None
+
+
+def _target(port: int, path: str, query: str, scheme: str = "http") -> str:
+    if not 1 <= port <= 65535:
+        raise ExecdError(400, f"port {port} is out of range", "invalid_port")
+    return f"{scheme}://127.0.0.1:{port}/{path}" + (f"?{query}" if query else "")
+
+
+def _headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in raw if k.lower() not in HOP]
+
+
+def client() -> Any:
+    global _client
+    if _client is None:
+        import httpx
+
+        _client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False)
+    return _client
+
+
+async def close_client() -> None:
+    global _client
+    if _client is not None:
+        await _client.aclose()
+        _client = None
+
+
+async def _forward(request: Request) -> StreamingResponse:
+    import httpx
+
+    port, path = request.path_params["port"], request.path_params.get("path", "")
+    url = _target(port, path, request.url.query)
+    has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
+    upstream_req = client().build_request(
+        request.method, url, headers=_headers(request.headers.raw), content=request.stream() if has_body else None
+    )
+    try:
+        upstream = await client().send(upstream_req, stream=True)
+    except httpx.ConnectError:
+        raise ExecdError(502, f"nothing answers on 127.0.0.1:{port}", "bad_gateway") from None
+    except httpx.HTTPError as exc:
+        raise ExecdError(502, f"proxy to port {port} failed: {exc}", "bad_gateway") from None
+    get_state_metrics(request).inc("execd_proxy_requests_total", kind="http")
+    return StreamingResponse(
+        upstream.aiter_raw(), status_code=upstream.status_code, headers=dict(_headers(upstream.headers.raw)),  # type: ignore[arg-type]
+        background=BackgroundTask(upstream.aclose),
+    )
+
+
+def get_state_metrics(conn: Any) -> Any:
+    return conn.app.state.execd.metrics
+
+
+for _path in ("/v1/proxy/{port:int}", "/v1/proxy/{port:int}/{path:path}"):
+    router.route(
+        "GET", _path, "Proxy HTTP to a port inside the sandbox (any method)", also=METHODS[1:], errors=(400, 502),
+        path_params={k: v for k, v in PARAMS.items() if "{" + k in _path},
+    )(_forward)
+
+
+@router.ws(
+    "/v1/proxy/{port:int}/{path:path}", "Proxy a WebSocket to a port inside the sandbox", errors=(400, 502),
+    path_params=PARAMS,
+)
+async def proxy_socket(ws: WebSocket) -> None:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    port, path = ws.path_params["port"], ws.path_params.get("path", "")
+    protocols = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    try:
+        upstream = await connect(_target(port, path, ws.url.query, "ws"), subprotocols=protocols or None)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - refused, handshake rejected, ...
+        if "websocket.http.response" in ws.scope.get("extensions", {}):
+            await ws.send_denial_response(error_response(502, f"websocket to port {port} failed: {exc}", "bad_gateway"))
+        else:
+            await ws.close(code=1011)
+        return
+    get_state_metrics(ws).inc("execd_proxy_requests_total", kind="websocket")
+    await ws.accept(subprotocol=upstream.subprotocol)
+
+    async def client_to_upstream() -> None:
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    return
+                await upstream.send(msg["bytes"] if msg.get("bytes") is not None else msg.get("text") or "")
+        except (WebSocketDisconnect, ConnectionClosed):
+            return
+
+    async def upstream_to_client() -> None:
+        try:
+            async for data in upstream:
+                await (ws.send_bytes(data) if isinstance(data, bytes) else ws.send_text(data))
+        except (WebSocketDisconnect, ConnectionClosed, RuntimeError):
+            return
+
+    tasks = [asyncio.ensure_future(client_to_upstream()), asyncio.ensure_future(upstream_to_client())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await upstream.close()
+        try:
+            await ws.close()
+        except RuntimeError:
+            pass

@@ -1,0 +1,38 @@
+"""What the routers share: settings, the path policy, metrics, injected env and the live commands and PTYs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .metrics import Metrics
+from .paths import confine
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from starlette.requests import HTTPConnection
+
+
+@dataclass
+class State:
+    settings: Settings
+    metrics: Metrics
+    roots: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # PUT /v1/env: merged into every later command and PTY
+    commands: dict[str, Any] = field(default_factory=dict)
+    ptys: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.roots = self.settings.allowed_roots()
+
+    @property
+    def workspace(self) -> str:
+        return os.path.realpath(self.settings.workspace)
+
+    def path(self, raw: str, *, follow: bool = True) -> str:
+        return confine(raw, self.roots, self.workspace, follow=follow)
+
+
+def get_state(conn: HTTPConnection) -> State:
+    return conn.app.state.execd
