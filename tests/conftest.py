@@ -7,12 +7,28 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
+
+
+TIER_ORDER = ["unit", "execd", "docker", "engine", "kube"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run tiers from fast to slow (unit first), keeping each file's own order."""
+
+    def tier(item):
+        for i, name in enumerate(TIER_ORDER[1:], start=1):
+            if item.get_closest_marker(name):
+                return i
+        return 0
+
+    items.sort(key=tier)
 
 
 def run_script(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
@@ -27,6 +43,12 @@ def run_script(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess
     return proc
 
 
+def tool_env() -> dict[str, str]:
+    """os.environ plus what scripts/env.sh sets (the test bed's tools first on PATH, Pulumi offline)."""
+    out = subprocess.run(["bash", "-c", f'eval "$({SCRIPTS}/env.sh)" && env -0'], capture_output=True, check=True)
+    return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     """A client of a real Docker Engine with Corral's base images loaded (starts dockerd if none answers)."""
@@ -36,3 +58,80 @@ def docker_client():
     client = docker.from_env()
     yield client
     client.close()
+
+
+@dataclass
+class Cluster:
+    kubeconfig: str
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": self.kubeconfig}
+
+
+@pytest.fixture(scope="session")
+def kube_cluster():
+    """A local control plane (etcd, kube-apiserver, kcm, scheduler, kwok) on loopback; started if not running,
+    and stopped at the end only if this session started it."""
+    status = subprocess.run([str(SCRIPTS / "cluster.sh"), "status"], capture_output=True, text=True)
+    was_running = "kube-apiserver: running" in status.stdout
+    proc = run_script("cluster.sh", "up", timeout=600)
+    cluster = Cluster(kubeconfig=proc.stdout.strip().splitlines()[-1])
+    yield cluster
+    if not was_running:
+        run_script("cluster.sh", "down")
+
+
+@pytest.fixture(scope="session")
+def kube(kube_cluster):
+    """A lightkube client of the local cluster, as its admin."""
+    from lightkube import Client, KubeConfig
+
+    client = Client(config=KubeConfig.from_file(kube_cluster.kubeconfig), field_manager="corral-tests")
+    yield client
+    client.close() if hasattr(client, "close") else None
+
+
+@pytest.fixture(scope="session")
+def corral_crds(kube):
+    """Corral's committed CRDs applied to the local cluster and Established."""
+    from corral.api.crd import load_committed
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+    names = []
+    for crd in load_committed():
+        kube.apply(CustomResourceDefinition.from_dict(crd), force=True)  # type: ignore[attr-defined]
+        names.append(crd["metadata"]["name"])
+    for name in names:
+        kube.wait(CustomResourceDefinition, name, for_conditions=["Established"], timeout=60)  # type: ignore[call-arg]
+    yield names
+    for name in names:  # leave the cluster as the engine tier expects it: no Corral CRDs
+        kube.delete(CustomResourceDefinition, name)
+
+
+@dataclass
+class PulumiCLI:
+    env: dict[str, str]
+    backend: Path
+
+    def run(self, *args: str, cwd: Path | str = REPO, check: bool = True, timeout: float = 900,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(["pulumi", *args], cwd=cwd, env={**self.env, **(env or {})}, capture_output=True,
+                              text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"pulumi {' '.join(args)} exited {proc.returncode}\n--- stdout ---\n"
+                                 f"{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+        return proc
+
+
+@pytest.fixture(scope="session")
+def pulumi_cli(tmp_path_factory):
+    """The real Pulumi CLI (built by scripts/toolchain.sh), offline, with a throwaway file backend."""
+    env = tool_env()
+    backend = tmp_path_factory.mktemp("pulumi-state")
+    env.update(PULUMI_BACKEND_URL=f"file://{backend}", PULUMI_CONFIG_PASSPHRASE="corral-tests")
+    found = subprocess.run(["bash", "-c", "command -v pulumi pulumi-language-python pulumi-resource-kubernetes"],
+                           env=env, capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.fail("the Pulumi CLI, its Python language host or the kubernetes provider is missing: "
+                    "run scripts/toolchain.sh pulumi k8s-provider (or scripts/setup.sh)", pytrace=False)
+    return PulumiCLI(env=env, backend=backend)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every test tier (unit, execd, docker, kube, engine) after making sure the machine is set up.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m kube` for one tier.
+source "$(dirname "$0")/lib.sh"
+"$SCRIPTS_DIR/setup.sh"
+cd "$REPO_DIR"
+eval "$("$SCRIPTS_DIR/env.sh")"
+set +e
+python -m pytest -p no:cacheprovider "$@"
+rc=$?
+set -e
+[[ $rc -eq 5 ]] && die "pytest collected no tests"
+exit $rc
