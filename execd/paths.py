@@ -20,7 +20,7 @@ def confine(raw: str, roots: list[str], workspace: str, *, follow: bool = True) 
     if "\x00" in raw:
         raise ExecdError(400, "path contains a NUL byte", "invalid_path")
     path = raw if os.path.isabs(raw) else os.path.join(workspace, raw)
-    head, name = os.path.split(os.path.normpath(path)) if not follow else ("", "")
+    head, name = os.path.split(path) if not follow else ("", "")  # no normpath: `link/..` must mean what it does
     if follow or name in ("", ".", ".."):
         real = os.path.realpath(path)
     else:
