@@ -22,7 +22,7 @@ router = Router("proxy")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-    b"transfer-encoding", b"upgrade", b"host", b"authorization", TOKEN_HEADER, b"content-length",
+    b"transfer-encoding", b"upgrade", b"host", b"authorization", TOKEN_HEADER,
 }
 PARAMS = {"port": "TCP port on the sandbox's 127.0.0.1.", "path": "Path forwarded as is (query string too)."}
 _client: Any = None
@@ -70,10 +70,11 @@ async def _forward(request: Request) -> StreamingResponse:
     except httpx.HTTPError as exc:
         raise ExecdError(502, f"proxy to port {port} failed: {exc}", "bad_gateway") from None
     get_state_metrics(request).inc("execd_proxy_requests_total", kind="http")
-    return StreamingResponse(
-        upstream.aiter_raw(), status_code=upstream.status_code, headers=dict(_headers(upstream.headers.raw)),  # type: ignore[arg-type]
-        background=BackgroundTask(upstream.aclose),
+    response = StreamingResponse(
+        upstream.aiter_raw(), status_code=upstream.status_code, background=BackgroundTask(upstream.aclose)
     )
+    response.raw_headers = [(k.lower(), v) for k, v in _headers(upstream.headers.raw)]  # repeated headers kept
+    return response
 
 
 def get_state_metrics(conn: Any) -> Any:
