@@ -5,7 +5,28 @@ from __future__ import annotations
 import sys
 
 
+def install(dest: str) -> int:
+    """`execd install DEST`: copy this bundle (the directory of the running executable) to DEST. The Kubernetes
+    initContainer runs it to fill the shared emptyDir, so the execd image needs no shell or coreutils."""
+    import os
+    import shutil
+
+    if not getattr(sys, "frozen", False):
+        print("corral-execd: install only works from the bundle", file=sys.stderr)
+        return 2
+    shutil.copytree(os.path.dirname(os.path.abspath(sys.executable)), dest, symlinks=True, dirs_exist_ok=True)
+    print(f"corral-execd: installed into {dest}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["install"] and len(args) == 2:
+        return install(args[1])
+    if args:
+        print("usage: execd            (serve; configured by CORRAL_EXECD_* env)\n       execd install DEST",
+              file=sys.stderr)
+        return 2
     from pydantic import ValidationError
 
     from .settings import Settings

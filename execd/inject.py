@@ -1,0 +1,90 @@
+"""Putting execd into sandboxes whose images know nothing about it (as OpenSandbox does).
+
+- Kubernetes: `k8s_init_container(image)` gives an initContainer that copies the bundle from the execd image into an
+  emptyDir, the volume, the mount for the sandbox container and execd's env; `wrap_entrypoint` starts execd before the
+  container's own entrypoint. Pure builders: plain dicts, no client, no cluster.
+- Docker: `docker_install(container, tar)` puts the bundle into a container with put_archive, onto its rootfs
+  (put_archive into a `--tmpfs` path is silently lost, so never there); `docker_start` starts it with exec.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from .bundle import INSTALL_DIR
+from .settings import DEFAULT_PORT
+
+VOLUME = "corral-execd"
+MOUNT = "/corral/execd"  # where the sandbox container sees the bundle on Kubernetes
+EXECUTABLE = "execd"
+
+
+def k8s_init_container(
+    image: str,
+    *,
+    token_secret: str | None = None,
+    token_key: str = "token",
+    port: int = DEFAULT_PORT,
+    workspace: str = "/workspace",
+    mount_path: str = MOUNT,
+    volume_name: str = VOLUME,
+    image_pull_policy: str = "IfNotPresent",
+    resources: dict[str, Any] | None = None,
+    size_limit: str = "256Mi",
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """(initContainer, volume, volumeMount for the sandbox container, env for the sandbox container).
+
+    The execd image holds the bundle at /opt/corral/execd; the initContainer runs `execd install <mount>` (the bundle
+    copies itself, so the image needs no shell). The token comes from `token_secret[token_key]` if given; otherwise
+    the caller must set CORRAL_EXECD_TOKEN itself (execd refuses to start without one).
+    """
+    init = {
+        "name": "corral-execd-install",
+        "image": image,
+        "imagePullPolicy": image_pull_policy,
+        "command": [f"{INSTALL_DIR}/{EXECUTABLE}", "install", mount_path],
+        "volumeMounts": [{"name": volume_name, "mountPath": mount_path}],
+        "resources": resources or {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    volume = {"name": volume_name, "emptyDir": {"sizeLimit": size_limit}}
+    mount = {"name": volume_name, "mountPath": mount_path, "readOnly": True}
+    env: list[dict[str, Any]] = [
+        {"name": "CORRAL_EXECD_PORT", "value": str(port)},
+        {"name": "CORRAL_EXECD_WORKSPACE", "value": workspace},
+    ]
+    if token_secret:
+        env.append({
+            "name": "CORRAL_EXECD_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": token_secret, "key": token_key}},
+        })
+    return init, volume, mount, env
+
+
+def wrap_entrypoint(entrypoint: list[str], *, mount_path: str = MOUNT) -> list[str]:
+    """The sandbox container's command: start execd in the background, then exec the original entrypoint (which
+    keeps PID 1 and its signals). Needs /bin/sh in the sandbox image, which every glibc base image has."""
+    execd = shlex.quote(f"{mount_path}/{EXECUTABLE}")
+    return ["/bin/sh", "-c", f'{execd} & exec "$@"', "corral-execd", *entrypoint]
+
+
+def docker_install(container: Any, bundle_tar_path: str | Path) -> str:
+    """Copy the bundle into a (running or created) container's rootfs; returns the executable's path in it."""
+    with open(bundle_tar_path, "rb") as data:
+        if not container.put_archive("/", data):
+            raise RuntimeError(f"put_archive of {bundle_tar_path} into {container.name} failed")
+    return f"{INSTALL_DIR}/{EXECUTABLE}"
+
+
+def docker_start(
+    container: Any, token: str, *, port: int = DEFAULT_PORT, env: dict[str, str] | None = None, user: str = ""
+) -> None:
+    """Start the installed execd inside the container (detached exec), listening on all of its interfaces."""
+    environment = {"CORRAL_EXECD_TOKEN": token, "CORRAL_EXECD_PORT": str(port), **(env or {})}
+    container.exec_run([f"{INSTALL_DIR}/{EXECUTABLE}"], environment=environment, detach=True, user=user)
