@@ -54,6 +54,7 @@ class Command:
     _open: dict[int, str] = field(default_factory=dict)
     _paused: set[int] = field(default_factory=set)
     _carry: dict[str, bytes] = field(default_factory=dict)
+    _eof: asyncio.Event = field(default_factory=asyncio.Event)  # set whenever a pipe reaches EOF
 
     def __post_init__(self) -> None:
         if self.mode == "stream":
@@ -100,6 +101,7 @@ class Command:
         if fd not in self._paused:
             asyncio.get_running_loop().remove_reader(fd)
         self._paused.discard(fd)
+        self._eof.set()
         if carry := self._carry.pop(stream, b""):
             self._emit(stream, carry, None, flush=True)
 
@@ -155,9 +157,7 @@ class Command:
                 self.timed_out = True
                 self.kill(SIGKILL, reason="timeout")
                 returncode = await waiter
-            deadline = time.monotonic() + DRAIN_SECONDS
-            while self._open and (self._paused or time.monotonic() < deadline):
-                await asyncio.sleep(0.005)
+            await self._drain()
         except asyncio.CancelledError:
             self.kill(SIGKILL, reason="cancelled")
             returncode = self.proc.wait()
@@ -174,6 +174,20 @@ class Command:
             self.done.set()
             if self.queue is not None:
                 self.queue.put_nowait(None)
+
+    async def _drain(self) -> None:
+        """Wait for EOF on the pipes: at once in the usual case, up to DRAIN_SECONDS if a grandchild holds them
+        (longer while a slow stream client has paused reading: its output is still wanted)."""
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while self._open:
+            self._eof.clear()
+            left = deadline - time.monotonic()
+            if left <= 0 and not self._paused:
+                return
+            try:
+                await asyncio.wait_for(self._eof.wait(), max(left, 0.05))
+            except asyncio.TimeoutError:
+                pass
 
     def kill(self, sig: int = SIGKILL, reason: str = "interrupt") -> bool:
         """Signal the command's whole tree; False if it already finished."""
