@@ -20,6 +20,7 @@ from .errors import ExecdError
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HIDDEN_ENV_PREFIX = "CORRAL_EXECD_"  # never leak execd's token or config into the sandbox's processes
+HIDDEN_ENV = frozenset({"PYDANTIC_DISABLE_PLUGINS"})  # set by execd for itself (server.py)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def resolve_user(user: str | int | None) -> RunAs | None:
 
 def child_env(injected: Mapping[str, str], request: Mapping[str, str] | None, run_as: RunAs | None) -> dict[str, str]:
     """execd's environment (minus its own settings) < env set through PUT /v1/env < the request's env."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(HIDDEN_ENV_PREFIX)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(HIDDEN_ENV_PREFIX) and k not in HIDDEN_ENV}
     env.setdefault("PATH", DEFAULT_PATH)
     if run_as is not None:
         env.update(HOME=run_as.home, USER=run_as.name, LOGNAME=run_as.name)

@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: execd            (serve; configured by CORRAL_EXECD_* env)\n       execd install DEST",
               file=sys.stderr)
         return 2
+    import os
+
+    # pydantic looks for plugins through importlib.metadata on first use (~40 ms scanning every installed
+    # distribution): execd uses none, and its start-up is on the sandbox cold-start path.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from pydantic import ValidationError
 
     from .settings import Settings
