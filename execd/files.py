@@ -18,7 +18,7 @@ from .fsops import FileInfo
 from .state import get_state
 
 router = Router("files")
-WRITE_CHUNK = 1 << 20  # upload bytes are written in slices of this size, off the event loop
+WRITE_BATCH = 4 << 20  # upload bytes are written in batches of this size from a worker thread (memory bound)
 REPLACE_MAX_BYTES = 64 << 20  # replace-in-file reads the file into memory: bounded
 
 
@@ -108,15 +108,16 @@ async def upload(request: Request, query: UploadQuery) -> FileInfo:
         except OSError as exc:
             raise os_error(exc, query.path) from None
     writer = fsops.AtomicWriter(path, mode)
-    buf = bytearray()
+    batch: list[bytes] = []
+    pending = 0
     try:
         async for chunk in request.stream():
-            buf += chunk
-            if len(buf) >= WRITE_CHUNK:
-                data, buf = buf, bytearray()
-                await asyncio.to_thread(writer.write, data)
-        if buf:
-            writer.write(buf)
+            batch.append(chunk)
+            pending += len(chunk)
+            if pending >= WRITE_BATCH:  # off the event loop: writeback throttling must not stall other requests
+                await asyncio.to_thread(writer.write_all, batch)
+                batch, pending = [], 0
+        writer.write_all(batch)
         writer.commit()
     except BaseException:
         writer.abort()

@@ -95,6 +95,10 @@ class AtomicWriter:
             view = view[n:]
             self.size += n
 
+    def write_all(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
     def commit(self) -> None:
         try:
             os.fchmod(self.fd, self.mode)

@@ -235,7 +235,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--size-mb", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "execd" / "results")
     ap.add_argument("--no-docker", action="store_true")
     args = ap.parse_args()
