@@ -64,6 +64,25 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return {**first, **out}
 
 
+def _materialize(node: dict[str, Any]) -> dict[str, Any]:
+    """The value the server would build for an object from its properties' defaults."""
+    return {k: c["default"] for k, c in node.get("properties", {}).items() if "default" in c}
+
+
+def _default_objects(node: dict[str, Any]) -> dict[str, Any]:
+    """Give optional sub-objects whose fields all have defaults a default (fully materialized, so CEL rules on the
+    object see every field), so the server fills them in when the user leaves them out."""
+    required = set(node.get("required", []))
+    for name, child in node.get("properties", {}).items():
+        _default_objects(child)
+        if (name not in required and child.get("type") == "object" and child.get("properties")
+                and not child.get("required") and "default" not in child):
+            child["default"] = _materialize(child)
+    if isinstance(node.get("items"), dict):
+        _default_objects(node["items"])
+    return node
+
+
 def _drop_defaults(node: Any) -> Any:
     """Status is written by the operator only; the server must not invent values there."""
     if isinstance(node, dict):
@@ -78,7 +97,7 @@ def schema_for(kind: Kind) -> dict[str, Any]:
     raw = kind.model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})
     props = raw["properties"]
-    spec = _structural(props["spec"], defs)
+    spec = _default_objects(_structural(props["spec"], defs))
     status = _drop_defaults(_structural(props["status"], defs))
     return {
         "type": "object",

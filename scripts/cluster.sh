@@ -74,10 +74,23 @@ start() {  # start NAME CMD...
 }
 
 wait_for() {  # wait_for WHAT SECONDS CMD...
-  local what="$1" secs="$2"; shift 2
-  local i
-  for ((i = 0; i < secs * 4; i++)); do "$@" >/dev/null 2>&1 && return; sleep 0.25; done
-  die "$what did not come up within ${secs}s (logs: $DIR/*.log)"
+  local what="$1" deadline=$((SECONDS + $2)); shift 2
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "$what did not come up within the time limit (logs: $DIR/*.log)"
+    sleep 0.25
+  done
+}
+
+# kwok needs Stage definitions: the "fast" node and pod stages that ship in its module (what kwokctl uses).
+kwok_stages() {
+  local src="$GOMODCACHE/sigs.k8s.io/kwok@v$KWOK_VERSION/kustomize/stage"
+  [[ -d "$src" ]] || go mod download "sigs.k8s.io/kwok@v$KWOK_VERSION" >/dev/null
+  local f
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    [[ -f "$src/$f" ]] || die "kwok stage $f is missing in $src"
+    echo "---"; cat "$src/$f"
+  done >"$DIR/kwok-stages.yaml"
 }
 
 kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
@@ -126,11 +139,12 @@ up() {
     --use-service-account-credentials=false --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle' --v 1
   start kube-scheduler "$K8S/kube-scheduler" --kubeconfig "$KUBECONFIG_FILE" --bind-address 127.0.0.1 \
     --secure-port "$((API_PORT + 2))" --leader-elect=false --v 1
-  start kwok "$KWOK" --kubeconfig "$KUBECONFIG_FILE" --manage-all-nodes=false \
+  kwok_stages
+  start kwok "$KWOK" --kubeconfig "$KUBECONFIG_FILE" --config "$DIR/kwok-stages.yaml" --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --cidr "$POD_CIDR" --node-ip 127.0.0.1 \
-    --node-lease-duration-seconds 40
+    --node-lease-duration-seconds 40 -v WARN
   fake_nodes | kc apply -f - >/dev/null
-  wait_for "fake nodes Ready" 60 kc wait --for condition=Ready node --all --timeout 1s
+  wait_for "fake nodes Ready" 60 kc wait --for condition=Ready node --all --timeout 2s
   wait_for "default service account" 60 kc get serviceaccount default -n default
   log "cluster up: export KUBECONFIG=$KUBECONFIG_FILE"
   echo "$KUBECONFIG_FILE"

@@ -102,7 +102,7 @@ def corral_crds(kube):
         kube.apply(CustomResourceDefinition.from_dict(crd), force=True)  # type: ignore[attr-defined]
         names.append(crd["metadata"]["name"])
     for name in names:
-        kube.wait(CustomResourceDefinition, name, for_conditions=["Established"], timeout=60)  # type: ignore[call-arg]
+        kube.wait(CustomResourceDefinition, name, for_conditions=["Established"])
     yield names
     for name in names:  # leave the cluster as the engine tier expects it: no Corral CRDs
         kube.delete(CustomResourceDefinition, name)

@@ -10,6 +10,7 @@ from lightkube import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.types import PatchType
 
 pytestmark = pytest.mark.kube
 
@@ -42,17 +43,17 @@ def test_valid_objects_are_accepted_and_defaulted(kube, corral_crds, ns):
 def test_template_ref_is_immutable(kube, corral_crds, ns):
     kube.create(warm_pool("wp"), namespace=ns)
     with pytest.raises(ApiError) as exc:
-        kube.patch(WarmPool, "wp", {"spec": {"templateRef": {"name": "other"}}}, namespace=ns)
+        kube.patch(WarmPool, "wp", {"spec": {"templateRef": {"name": "other"}}}, namespace=ns, patch_type=PatchType.MERGE)
     assert exc.value.status.code == 422
     assert "templateRef is immutable" in exc.value.status.message
     # Other fields stay mutable.
-    kube.patch(WarmPool, "wp", {"spec": {"replicas": 3}}, namespace=ns)
+    kube.patch(WarmPool, "wp", {"spec": {"replicas": 3}}, namespace=ns, patch_type=PatchType.MERGE)
 
 
 def test_pool_ref_is_immutable(kube, corral_crds, ns):
     kube.create(SandboxClaim(metadata=ObjectMeta(name="c"), spec={"poolRef": {"name": "a"}}), namespace=ns)
     with pytest.raises(ApiError) as exc:
-        kube.patch(SandboxClaim, "c", {"spec": {"poolRef": {"name": "b"}}}, namespace=ns)
+        kube.patch(SandboxClaim, "c", {"spec": {"poolRef": {"name": "b"}}}, namespace=ns, patch_type=PatchType.MERGE)
     assert "poolRef is immutable" in exc.value.status.message
 
 
@@ -74,7 +75,7 @@ def test_replicas_over_the_maximum_is_rejected(kube, corral_crds, ns):
 
 def test_scale_subresource(kube, corral_crds, ns):
     kube.create(warm_pool("wp", replicas=1), namespace=ns)
-    kube.patch(WarmPool.Scale, "wp", {"spec": {"replicas": 4}}, namespace=ns)
+    kube.patch(WarmPool.Scale, "wp", {"spec": {"replicas": 4}}, namespace=ns, patch_type=PatchType.MERGE)
     assert kube.get(WarmPool, "wp", namespace=ns).spec["replicas"] == 4
 
 
