@@ -25,6 +25,7 @@ class SandboxStatus(Model):
     phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Terminating"] | None = None
     pod_ips: list[str] = Field(default_factory=list, alias="podIPs", description="The pod's IPs.")
     endpoint: str | None = Field(default=None, description="host:port of execd.")
+    node_name: str | None = Field(default=None, description="The node the pod runs on.")
     launch_type: LaunchType | None = Field(default=None, description="Warm (adopted from a pool) or Cold.")
     blueprint_hash: str | None = None
     claim_ref: LocalRef | None = Field(default=None, description="The claim this sandbox is bound to.")

@@ -1,0 +1,250 @@
+"""Every Docker Engine call of the Docker runtime (docker SDK only, no CLI), as small blocking functions.
+
+Sandbox containers are hardened by default: all capabilities dropped, no-new-privileges, pids/memory/CPU limits,
+`--init`, a non-root user (numeric, so any image allows it), execd's port published on 127.0.0.1 only (not at all
+on an internal network). execd comes from a read-only volume filled once per bundle version with put_archive (the
+OpenSandbox way, done once instead of 46 MB per sandbox) and starts before the template's entrypoint; its token is
+removed from the environment before that entrypoint runs.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+from functools import lru_cache
+from typing import Any
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+
+from corral.operator.constants import L_HASH, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE, MANAGED_BY
+
+from .spec import DockerTemplate
+
+L_STACK = "corral.dev/stack"          # every Docker object of a stack
+L_ROLE = "corral.dev/role"            # sandbox | operator | execd | state | network | snapshot
+L_BUNDLE = "corral.dev/execd-bundle"  # the bundle key an execd volume holds
+EXECD_DIR = "/opt/corral/execd"
+EXECD_BIN = f"{EXECD_DIR}/execd"
+SNAPSHOT_REPO = "corral-snapshot"
+_WRAPPER = f'{EXECD_BIN} & unset CORRAL_EXECD_TOKEN; exec "$@"'
+
+
+def connect(host: str | None = None, *, pool: int = 64, timeout: int = 120) -> docker.DockerClient:
+    if host:
+        return docker.DockerClient(base_url=host, max_pool_size=pool, timeout=timeout)
+    return docker.from_env(max_pool_size=pool, timeout=timeout)
+
+
+def stack_labels(stack: str, role: str, **extra: str) -> dict[str, str]:
+    return {L_MANAGED_BY: MANAGED_BY, L_STACK: stack, L_ROLE: role, **extra}
+
+
+def ensure_network(client: docker.DockerClient, name: str, *, internal: bool, stack: str) -> None:
+    try:
+        client.networks.get(name)
+    except NotFound:
+        try:
+            client.networks.create(name, driver="bridge", internal=internal, labels=stack_labels(stack, "network"))
+        except APIError as exc:
+            if exc.status_code != 409:
+                raise
+
+
+_volume_lock = threading.Lock()
+_COMPLETE = ".corral-complete"
+
+
+def _marker_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(f"{EXECD_DIR.strip('/')}/{_COMPLETE}")
+        info.size = 0
+        tar.addfile(info, io.BytesIO(b""))
+    return buf.getvalue()
+
+
+def ensure_execd_volume(client: docker.DockerClient, *, stack: str, key: str, tar_path: str, helper_image: str) -> str:
+    """A volume holding execd's bundle, filled once per bundle key; mounted read-only by sandboxes at EXECD_DIR.
+
+    Filled through a created (never started) helper container: put_archive lands on the volume (a real mount, not
+    a tmpfs, so nothing is silently lost). A marker file written last tells a complete volume from a half-filled
+    one (the operator may die mid-copy)."""
+    name = f"corral-{stack}-execd-{key}"
+    with _volume_lock:
+        try:
+            client.volumes.get(name)
+            exists = True
+        except NotFound:
+            client.volumes.create(name, labels=stack_labels(stack, "execd", **{L_BUNDLE: key}))
+            exists = False
+        helper = client.containers.create(helper_image, ["true"], volumes={name: {"bind": EXECD_DIR, "mode": "rw"}},
+                                          labels=stack_labels(stack, "execd-helper"), network_mode="none")
+        try:
+            if exists:
+                try:
+                    helper.get_archive(f"{EXECD_DIR}/{_COMPLETE}")
+                    return name
+                except NotFound:
+                    pass
+            with open(tar_path, "rb") as data:
+                if not helper.put_archive("/", data):
+                    raise RuntimeError(f"put_archive of {tar_path} into volume {name} failed")
+            helper.put_archive("/", _marker_tar())
+        finally:
+            helper.remove(force=True)
+        return name
+
+
+@lru_cache(maxsize=64)
+def _image_command(client_id: int, image: str, client: Any) -> tuple[str, ...]:
+    cfg = client.images.get(image).attrs.get("Config") or {}
+    return tuple((cfg.get("Entrypoint") or []) + (cfg.get("Cmd") or []))
+
+
+def sandbox_command(client: docker.DockerClient, tmpl: DockerTemplate, image: str) -> list[str]:
+    """The entrypoint of the sandbox: the template's command/args, else the image's, else `sleep infinity`."""
+    if tmpl.command:
+        cmd = [*tmpl.command, *(tmpl.args or [])]
+    else:
+        cmd = list(_image_command(id(client), image, client))
+        if tmpl.args:
+            cmd = [*cmd[:1], *tmpl.args] if cmd else list(tmpl.args)
+    return cmd or ["sleep", "infinity"]
+
+
+def _workspace_tar(path: str, user: str) -> bytes | None:
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or int(uid) == 0:
+        return None
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(path.strip("/"))
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        info.uid, info.gid = int(uid), int(gid or uid)
+        tar.addfile(info)
+    return buf.getvalue()
+
+
+def create_sandbox(client: docker.DockerClient, *, stack: str, name: str, tmpl: DockerTemplate, image: str,
+                   token: str, execd_volume: str, pool: str | None, pool_kind: str | None) -> dict[str, Any]:
+    """Create and start one hardened sandbox container; returns {id, ip, host_port}."""
+    labels = {
+        **tmpl.labels,
+        **stack_labels(stack, "sandbox"),
+        L_SANDBOX: name, L_TEMPLATE: tmpl.name, L_HASH: tmpl.blueprint_hash(),
+        **({L_POOL: pool, L_POOL_KIND: pool_kind or "WarmPool"} if pool else {}),
+    }
+    port = f"{tmpl.execd_port}/tcp"
+    env = {**tmpl.env, "CORRAL_EXECD_TOKEN": token, "CORRAL_EXECD_PORT": str(tmpl.execd_port),
+           "CORRAL_EXECD_WORKSPACE": tmpl.workdir}
+    kwargs: dict[str, Any] = dict(
+        name=name, labels=labels, environment=env, user=tmpl.user, working_dir=tmpl.workdir,
+        entrypoint=["/bin/sh", "-c", _WRAPPER, "corral-execd"], command=sandbox_command(client, tmpl, image),
+        cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True,
+        pids_limit=tmpl.pids_limit, mem_limit=tmpl.memory_bytes, memswap_limit=tmpl.memory_bytes,
+        nano_cpus=tmpl.nano_cpus, network=tmpl.network, detach=True,
+        volumes={execd_volume: {"bind": EXECD_DIR, "mode": "ro"}},
+        log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+    )
+    if tmpl.cpu_shares:
+        kwargs["cpu_shares"] = tmpl.cpu_shares
+    if not tmpl.internal:
+        kwargs["ports"] = {port: ("127.0.0.1", None)}
+    container = client.containers.create(image, **kwargs)
+    try:
+        ws = _workspace_tar(tmpl.workdir, tmpl.user)
+        if ws is not None:
+            container.put_archive("/", ws)
+        container.start()
+        container.reload()
+    except BaseException:
+        remove(client, container.id)
+        raise
+    return {"id": container.id, **address(container.attrs, tmpl.network, port)}
+
+
+def address(attrs: dict[str, Any], network: str, port: str) -> dict[str, Any]:
+    ns = attrs.get("NetworkSettings") or {}
+    ip = ((ns.get("Networks") or {}).get(network) or {}).get("IPAddress") or None
+    bound = (ns.get("Ports") or {}).get(port) or []
+    host_port = next((int(b["HostPort"]) for b in bound if b.get("HostIp") == "127.0.0.1"), None)
+    return {"ip": ip, "host_port": host_port}
+
+
+def remove(client: docker.DockerClient, ref: str) -> None:
+    try:
+        client.api.remove_container(ref, force=True, v=True)
+    except NotFound:
+        pass
+    except APIError as exc:
+        if exc.status_code not in (404, 409) or "already in progress" not in str(exc):
+            if exc.status_code != 404:
+                raise
+
+
+def restart(client: docker.DockerClient, ref: str) -> dict[str, Any]:
+    c = client.containers.get(ref)
+    c.restart(timeout=2)
+    c.reload()
+    return c.attrs
+
+
+def pause(client: docker.DockerClient, ref: str) -> None:
+    client.api.pause(ref)
+
+
+def unpause(client: docker.DockerClient, ref: str) -> None:
+    client.api.unpause(ref)
+
+
+def commit(client: docker.DockerClient, ref: str, *, stack: str, tag: str, env: dict[str, str],
+           labels: dict[str, str]) -> dict[str, str]:
+    """Snapshot: commit the container's filesystem (not its volumes, so not execd) to a local image. The token
+    is kept out of the image's config."""
+    repo = f"{SNAPSHOT_REPO}/{stack}"
+    conf = {"Env": [f"{k}={v}" for k, v in env.items()], "Labels": {**labels, **stack_labels(stack, "snapshot")}}
+    image = client.containers.get(ref).commit(repository=repo, tag=tag, conf=conf, pause=True)
+    return {"image": f"{repo}:{tag}", "id": image.id}
+
+
+def image_exists(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+        return True
+    except ImageNotFound:
+        return False
+
+
+def list_sandboxes(client: docker.DockerClient, stack: str) -> list[Any]:
+    return client.containers.list(all=True, filters={"label": [f"{L_STACK}={stack}", f"{L_ROLE}=sandbox"]})
+
+
+def sweep(client: docker.DockerClient, stack: str, *, images: bool = True, networks: bool = True) -> dict[str, int]:
+    """Remove every container, volume (and snapshot image, network) labelled with the stack. Used on destroy."""
+    out = {"containers": 0, "volumes": 0, "images": 0, "networks": 0}
+    for c in client.containers.list(all=True, filters={"label": f"{L_STACK}={stack}"}):
+        remove(client, c.id)
+        out["containers"] += 1
+    for v in client.volumes.list(filters={"label": f"{L_STACK}={stack}"}):
+        try:
+            v.remove(force=True)
+            out["volumes"] += 1
+        except NotFound:
+            pass
+    if images:
+        for img in client.images.list(filters={"label": [f"{L_STACK}={stack}", f"{L_ROLE}=snapshot"]}):
+            try:
+                client.images.remove(img.id, force=True)
+                out["images"] += 1
+            except (NotFound, APIError):
+                pass
+    if networks:
+        for n in client.networks.list(filters={"label": f"{L_STACK}={stack}"}):
+            try:
+                n.remove()
+                out["networks"] += 1
+            except NotFound:
+                pass
+    return out

@@ -1,0 +1,207 @@
+"""The kopf entry points: indices fed by the watch streams, and event handlers that only request reconciles.
+
+No handler here writes to the API: they update the cache (kopf indices) and enqueue keys; the reconcilers in
+corral.operator.reconcile do the work, one key at a time, with bounded concurrency. kopf stores no state on the
+objects (on.event handlers need no finalizers or progress annotations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+from lightkube import ApiError
+
+from . import metrics
+from .cache import Cache, PodInfo, member_of
+from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
+from .context import Context, Settings
+from .kube import Kube, status_code
+from .reconcile.claims import reconcile_claim
+from .reconcile.pools import reconcile_pool, reconcile_warmpool
+from .reconcile.sandboxes import reconcile_sandbox
+from .reconcile.templates import reconcile_template
+from .workqueue import WorkQueue
+
+log = logging.getLogger("corral.operator")
+
+STATE: dict[str, Context] = {}
+
+RECONCILERS = {
+    "SandboxTemplate": reconcile_template,
+    "Sandbox": reconcile_sandbox,
+    "WarmPool": reconcile_warmpool,
+    "Pool": reconcile_pool,
+    "SandboxClaim": reconcile_claim,
+}
+
+
+def ctx() -> Context:
+    return STATE["ctx"]
+
+
+async def dispatch(key: tuple[str, str, str]) -> None:
+    kind, ns, name = key
+    try:
+        await RECONCILERS[kind](ctx(), ns, name)
+        metrics.RECONCILES.labels(kind=kind, result="ok").inc()
+    except ApiError as exc:
+        if status_code(exc) == 404:  # the object went away meanwhile; its deletion event brings us back if needed
+            metrics.RECONCILES.labels(kind=kind, result="gone").inc()
+            return
+        metrics.RECONCILES.labels(kind=kind, result="error").inc()
+        raise
+    except Exception:
+        metrics.RECONCILES.labels(kind=kind, result="error").inc()
+        raise
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    config = Settings.from_env()
+    settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING  # no Kubernetes Events for routine logs (they would be API writes)
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # no "handler succeeded" line per watch event
+    settings.watching.server_timeout = 600
+    settings.batching.worker_limit = 256
+    context = Context(settings=config, kube=Kube.from_env(config.kubeconfig), cache=Cache())
+    context.queue = WorkQueue(dispatch, workers=config.workers)
+    context.queue.start()
+    STATE["ctx"] = context
+    if config.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(config.metrics_port)
+    if not config.token_secret:
+        log.warning("CORRAL_TOKEN_SECRET is not set: execd tokens change when the operator restarts")
+    log.info("corral operator started (workers=%d, execd image %s)", config.workers, config.execd_image)
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    context = STATE.pop("ctx", None)
+    if context is not None:
+        if context.queue:
+            await context.queue.stop()
+        await context.kube.close()
+        if context._http is not None:
+            await context._http.aclose()
+
+
+def _body(body: Any) -> dict[str, Any]:
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": dict(body["metadata"]),
+            "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}
+
+
+# ---- indices (filled before any handler runs) ----------------------------------------------------------------
+
+@kopf.index(GROUP, VERSION, "sandboxtemplates")
+def templates_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): _body(body)}
+
+
+@kopf.index(GROUP, VERSION, "warmpools")
+def warmpools_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): _body(body)}
+
+
+@kopf.index(GROUP, VERSION, "pools")
+def pools_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): _body(body)}
+
+
+@kopf.index(GROUP, VERSION, "sandboxclaims")
+def claims_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): _body(body)}
+
+
+@kopf.index(GROUP, VERSION, "sandboxes")
+def sandboxes_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): _body(body)}
+
+
+@kopf.index(GROUP, VERSION, "sandboxes", labels={L_POOL: kopf.PRESENT})
+def pool_members_idx(namespace: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels.get(L_POOL_KIND, "WarmPool"), labels[L_POOL]): member_of(_body(body))}
+
+
+@kopf.index(GROUP, VERSION, "sandboxes", labels={L_CLAIM: kopf.PRESENT})
+def claim_sandbox_idx(namespace: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[L_CLAIM]): member_of(_body(body))}
+
+
+@kopf.index("", "v1", "pods", labels={L_SANDBOX: kopf.PRESENT, L_MANAGED_BY: MANAGED_BY})
+def pods_idx(namespace: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[L_SANDBOX]): PodInfo.of(_body(body))}
+
+
+# ---- events -> reconcile requests ------------------------------------------------------------------------------
+
+def _bind(kwargs: dict[str, Any]) -> Context:
+    context = ctx()
+    context.cache.bind(kwargs)
+    return context
+
+
+@kopf.on.event(GROUP, VERSION, "sandboxtemplates")
+async def on_template(namespace: str, name: str, **kwargs: Any) -> None:
+    metrics.EVENTS.labels(kind="SandboxTemplate").inc()
+    _bind(kwargs).request("SandboxTemplate", namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, "warmpools")
+async def on_warmpool(namespace: str, name: str, **kwargs: Any) -> None:
+    metrics.EVENTS.labels(kind="WarmPool").inc()
+    _bind(kwargs).request("WarmPool", namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, "pools")
+async def on_pool(namespace: str, name: str, **kwargs: Any) -> None:
+    metrics.EVENTS.labels(kind="Pool").inc()
+    _bind(kwargs).request("Pool", namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, "sandboxclaims")
+async def on_claim(event: dict[str, Any], namespace: str, name: str, body: Any, **kwargs: Any) -> None:
+    metrics.EVENTS.labels(kind="SandboxClaim").inc()
+    context = _bind(kwargs)
+    context.request("SandboxClaim", namespace, name)
+    if event.get("type") == "DELETED":
+        ref = (body.get("spec") or {}).get("poolRef") or {}
+        if ref.get("kind") == "Pool":
+            context.request("Pool", namespace, ref.get("name", ""))
+
+
+@kopf.on.event(GROUP, VERSION, "sandboxes")
+async def on_sandbox(namespace: str, name: str, labels: Any, **kwargs: Any) -> None:
+    metrics.EVENTS.labels(kind="Sandbox").inc()
+    context = _bind(kwargs)
+    context.request("Sandbox", namespace, name)
+    if L_POOL in labels:
+        context.request(labels.get(L_POOL_KIND, "WarmPool"), namespace, labels[L_POOL])
+    claim = labels.get(L_CLAIM)
+    reserved_for = context.reserved.get((namespace, name))
+    if reserved_for is not None and claim:
+        context.reserved.pop((namespace, name), None)  # the cache now shows the adoption
+    if claim:
+        context.request("SandboxClaim", namespace, claim)
+
+
+@kopf.on.event("", "v1", "pods", labels={L_SANDBOX: kopf.PRESENT, L_MANAGED_BY: MANAGED_BY})
+async def on_pod(namespace: str, labels: Any, **kwargs: Any) -> None:
+    metrics.EVENTS.labels(kind="Pod").inc()
+    _bind(kwargs).request("Sandbox", namespace, labels[L_SANDBOX])
+
+
+@kopf.on.probe(id="queue")
+def queue_probe(**_: Any) -> dict[str, Any]:
+    context = STATE.get("ctx")
+    return {"cache_ready": bool(context and context.cache.ready),
+            "timers": context.queue.pending_timers if context and context.queue else 0}
+
+
+__all__ = ["startup", "cleanup", "asyncio"]

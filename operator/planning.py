@@ -1,0 +1,137 @@
+"""Pure decisions: what a WarmPool or Pool should create or delete, and which sandbox a claim adopts.
+
+Everything here is a function of plain values (no I/O), so it is unit-tested exhaustively and the reconcilers stay
+thin. Counts include what is in flight (expected creates not yet seen, deletes not yet gone), so informer lag never
+double-creates or double-deletes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+MAX_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Member:
+    """A sandbox as the operator's index sees it."""
+
+    name: str
+    namespace: str
+    uid: str = ""
+    resource_version: str = ""
+    template: str = ""
+    pool: str | None = None
+    pool_kind: str | None = None
+    claim: str | None = None
+    blueprint_hash: str | None = None
+    ready: bool = False
+    node: str | None = None
+    created: float = 0.0
+    deleting: bool = False
+    phase: str | None = None
+    pod_ips: tuple[str, ...] = ()
+    endpoint: str | None = None
+    launch_type: str | None = None
+    suspended: bool = False
+
+
+def slow_start(n: int, cap: int = MAX_BATCH) -> list[int]:
+    """Batch sizes 1, 2, 4, ... (capped) that add up to n. The first batch is always 1."""
+    out, size = [], 1
+    while n > 0:
+        b = min(size, n, cap)
+        out.append(b)
+        n -= b
+        size *= 2
+    return out
+
+
+def deletion_order(members: Iterable[Member], current_hash: str | None) -> list[Member]:
+    """Not-ready first, then stale, then newest."""
+    return sorted(members, key=lambda m: (m.ready, m.blueprint_hash == current_hash, -m.created, m.name))
+
+
+@dataclass
+class Plan:
+    create: int = 0
+    delete: list[Member] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+
+def plan_warm_pool(
+    *,
+    replicas: int,
+    idle: Sequence[Member],
+    current_hash: str | None,
+    strategy: str,
+    expected_creates: int,
+    now: float,
+    readiness_grace: float,
+) -> Plan:
+    """Keep exactly `replicas` idle sandboxes.
+
+    `idle` are the pool's unclaimed sandboxes that are not being deleted. Stuck ones (unready past the grace) are
+    replaced; under Recreate stale ones (another blueprint hash) are deleted and replaced; under OnReplenish they
+    stay claimable and are replaced as they are claimed.
+    """
+    plan = Plan()
+    stuck = [m for m in idle if not m.ready and now - m.created > readiness_grace]
+    stale = [m for m in idle if strategy == "Recreate" and current_hash and m.blueprint_hash != current_hash]
+    doomed = {m.name: m for m in [*stuck, *stale]}
+    if stuck:
+        plan.reasons.append(f"{len(stuck)} stuck unready > {readiness_grace:.0f}s")
+    if stale:
+        plan.reasons.append(f"{len(stale)} stale (Recreate)")
+    keep = [m for m in idle if m.name not in doomed]
+    have = len(keep) + expected_creates
+    if have < replicas:
+        plan.create = replicas - have
+    elif have > replicas:
+        surplus = min(have - replicas, len(keep))
+        doomed.update({m.name: m for m in deletion_order(keep, current_hash)[:surplus]})
+    plan.delete = deletion_order(doomed.values(), current_hash)
+    return plan
+
+
+def plan_pool(
+    *,
+    buffer_min: int,
+    buffer_max: int,
+    pool_min: int,
+    pool_max: int,
+    max_unavailable: int,
+    idle: Sequence[Member],
+    allocated: int,
+    terminating: int,
+    expected_creates: int,
+    current_hash: str | None,
+) -> Plan:
+    """OpenSandbox Pool capacity: idle buffer in [bufferMin, bufferMax], total in [poolMin, poolMax], counting
+    pending creates and terminating sandboxes; deletes per round bounded by maxUnavailable (minus in-flight)."""
+    plan = Plan()
+    n_idle = len(idle) + expected_creates
+    total = allocated + n_idle + terminating
+    create = max(0, buffer_min - n_idle, pool_min - total)
+    create = min(create, max(0, pool_max - total))
+    plan.create = create
+    if create:
+        return plan
+    surplus = max(0, n_idle - buffer_max, total - pool_max)
+    surplus = min(surplus, len(idle), max(0, total - terminating - pool_min))
+    surplus = min(surplus, max(0, max_unavailable - terminating))
+    plan.delete = deletion_order(idle, current_hash)[:surplus]
+    return plan
+
+
+def adoption_order(candidates: Iterable[Member], current_hash: str | None, reserved: set[str]) -> list[Member]:
+    """Ready idle sandboxes in the order a claim should try them.
+
+    Stale ones first (so an OnReplenish pool drains its old blueprint through claims), then spread over nodes: the
+    node with the most idle candidates gives first, so the remaining warm capacity stays spread; oldest first.
+    """
+    ready = [m for m in candidates if m.ready and not m.deleting and not m.claim and m.name not in reserved]
+    per_node = Counter(m.node for m in ready)
+    return sorted(ready, key=lambda m: (m.blueprint_hash == current_hash, -per_node[m.node], m.created, m.name))

@@ -1,0 +1,338 @@
+"""SandboxClaim: warm adoption from the cache (one conditional write), cold start otherwise, and the lifecycle.
+
+A warm claim costs two API writes: the adoption patch of the sandbox (conditional on its resourceVersion, so two
+claims can never take the same one; a 409 moves on to the next candidate) and the claim's status. Env goes to the
+warm sandbox through execd, not through a new pod. Every user error ends in a Failed condition saying why.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec, validate
+
+from .. import metrics
+from ..builders import blueprint_hash, execd_token, owner_ref, sandbox_labels, sandbox_manifest
+from ..cache import _ts
+from ..constants import A_LAUNCH, L_CLAIM, L_POOL, L_POOL_KIND
+from ..context import Context
+from ..kube import ignore, status_code
+from ..planning import Member, adoption_order
+from .conditions import now_iso, set_condition
+
+log = logging.getLogger("corral.operator.claim")
+
+
+class ClaimError(Exception):
+    """A claim that can never succeed as written (a permanent, user-facing failure)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def env_problem(env: list[dict[str, str]], template: SandboxTemplateSpec) -> str | None:
+    if not env:
+        return None
+    policy = template.env_vars_injection_policy
+    if policy == "Disallowed":
+        return "the claim sets env but the template's envVarsInjectionPolicy is Disallowed"
+    if policy == "Allowed":
+        existing = {e.get("name") for c in template.pod_template.spec.get("containers", []) for e in c.get("env") or []}
+        clash = sorted(existing & {e["name"] for e in env})
+        if clash:
+            return (f"env {', '.join(clash)} would override the template's values; "
+                    "that needs envVarsInjectionPolicy: Overrides")
+    return None
+
+
+async def _status(ctx: Context, body: dict[str, Any], patch: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    await ctx.kube.patch("SandboxClaim", meta["name"], meta["namespace"], {"status": patch}, status=True)
+
+
+async def finish(ctx: Context, body: dict[str, Any], phase: str, reason: str, message: str) -> None:
+    meta, status = body["metadata"], body.get("status") or {}
+    gen = meta.get("generation")
+    conditions = set_condition(status.get("conditions"), "Bound", False, reason, message, gen)
+    if phase == "Failed":
+        conditions = set_condition(conditions, "Failed", True, reason, message, gen)
+        metrics.CLAIMS.labels(outcome=reason, pool=body["spec"].get("poolRef", {}).get("name", "")).inc()
+    await _status(ctx, body, {"phase": phase, "finishedTime": now_iso(), "observedGeneration": gen,
+                              "conditions": conditions})
+    log.info("claim %s/%s %s: %s (%s)", meta["namespace"], meta["name"], phase, reason, message)
+
+
+async def reconcile_claim(ctx: Context, ns: str, name: str) -> None:
+    key = (ns, name)
+    body = ctx.cache.claim(ns, name)
+    if body is None:
+        ctx.bound.pop(key, None)
+        ctx.first_seen.pop(key, None)
+        return
+    meta, status = body["metadata"], body.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return
+    phase = status.get("phase")
+    now = time.time()
+    try:
+        spec = validate(SandboxClaimSpec, body["spec"])
+    except CorralValidationError as exc:
+        if phase not in ("Failed", "Finished"):
+            await finish(ctx, body, "Failed", "InvalidSpec", str(exc))
+        return
+
+    if phase in ("Failed", "Finished"):
+        await _after_finish(ctx, body, spec, now)
+        return
+    sandbox = ctx.cache.claim_sandbox(ns, name)
+    if sandbox is not None:
+        ctx.bound.pop(key, None)
+    if phase == "Bound":
+        await _bound(ctx, body, spec, sandbox, now)
+        return
+    try:
+        await _pending(ctx, body, spec, sandbox, now)
+    except ClaimError as exc:
+        await _release_for_failure(ctx, ns, name)
+        await finish(ctx, body, "Failed", exc.reason, str(exc))
+
+
+async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, sandbox: Member | None,
+                   now: float) -> None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    key = (ns, name)
+    first = ctx.first_seen.setdefault(key, now)
+    deadline = _ts(meta.get("creationTimestamp")) + spec.timeout_seconds
+    kind, pool_name = spec.pool_ref.kind, spec.pool_ref.name
+
+    pool = ctx.cache.pool_of_kind(ns, kind, pool_name)
+    template = ctx.cache.template(ns, pool["spec"]["templateRef"]["name"]) if pool else None
+    if pool is None or template is None:
+        what = f"{kind} {pool_name!r}" if pool is None else f"SandboxTemplate {pool['spec']['templateRef']['name']!r}"
+        if now >= deadline:
+            raise ClaimError("Timeout", f"{what} does not exist in {ns} (waited {spec.timeout_seconds}s)")
+        await _waiting(ctx, body, "PoolNotFound" if pool is None else "TemplateNotFound",
+                       f"{what} does not exist in {ns}; waiting up to timeoutSeconds")
+        ctx.request_at("SandboxClaim", ns, name, deadline)
+        return
+    try:
+        tspec = validate(SandboxTemplateSpec, template["spec"])
+    except CorralValidationError as exc:
+        raise ClaimError("InvalidTemplate", str(exc)) from None
+    env = [e.to_k8s() for e in spec.env]
+    if problem := env_problem(env, tspec):
+        raise ClaimError("EnvVarsNotAllowed", problem)
+    if spec.volume_claim_templates and tspec.volume_claim_templates_policy == "Disallowed":
+        raise ClaimError("VolumesNotAllowed", "the claim adds volumeClaimTemplates but the template's "
+                                              "volumeClaimTemplatesPolicy is Disallowed")
+
+    bound_name = ctx.bound.get(key)
+    if sandbox is None and bound_name:
+        sb = ctx.cache.sandbox(ns, bound_name)
+        sandbox = None if sb is None else _member(sb)
+    if sandbox is not None or bound_name:
+        if sandbox is not None and sandbox.ready:
+            await _bind(ctx, body, sandbox, sandbox.launch_type or "Cold", pool_name, first, env_applied=True)
+        elif now >= deadline:
+            raise ClaimError("Timeout", f"sandbox {sandbox.name if sandbox else bound_name} was not ready "
+                                        f"within {spec.timeout_seconds}s")
+        else:
+            ctx.request_at("SandboxClaim", ns, name, deadline)
+        return
+    if now >= deadline:
+        raise ClaimError("Timeout", f"no sandbox within {spec.timeout_seconds}s")
+
+    bp_hash = blueprint_hash(tspec)
+    if not spec.volume_claim_templates:
+        adopted = await _adopt(ctx, body, kind, pool_name, bp_hash)
+        if adopted is not None:
+            if env:
+                await _inject_env(ctx, adopted, env)
+            if spec.additional_pod_metadata.labels or spec.additional_pod_metadata.annotations:
+                md = spec.additional_pod_metadata
+                await ignore({404}, ctx.kube.patch("Pod", adopted.name, ns, {"metadata": {
+                    "labels": md.labels, "annotations": md.annotations}}))
+            await _bind(ctx, body, adopted, "Warm", pool_name, first)
+            return
+    await _cold(ctx, body, spec, kind, pool, template, tspec, bp_hash, env)
+    ctx.request_at("SandboxClaim", ns, name, deadline)
+
+
+def _member(sandbox_body: dict[str, Any]) -> Member:
+    from ..cache import member_of
+
+    return member_of(sandbox_body)
+
+
+async def _waiting(ctx: Context, body: dict[str, Any], reason: str, message: str) -> None:
+    status = body.get("status") or {}
+    gen = body["metadata"].get("generation")
+    conditions = set_condition(status.get("conditions"), "Bound", False, reason, message, gen)
+    if status.get("phase") != "Pending" or [c for c in status.get("conditions") or [] if c.get("reason") == reason] == []:
+        await _status(ctx, body, {"phase": "Pending", "observedGeneration": gen, "conditions": conditions})
+
+
+async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_hash: str) -> Member | None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    reserved = {n for (rns, n) in ctx.reserved if rns == ns}
+    for m in adoption_order(ctx.cache.members(ns, kind, pool), bp_hash, reserved):
+        ctx.reserved[(ns, m.name)] = (ns, name)
+        patch: dict[str, Any] = {"metadata": {
+            "resourceVersion": m.resource_version,
+            "labels": {L_CLAIM: name},
+            "annotations": {A_LAUNCH: "Warm"},
+        }}
+        if kind == "WarmPool":  # the claim owns it from now on: deleting the claim deletes the sandbox
+            patch["metadata"]["ownerReferences"] = [owner_ref(body)]
+        try:
+            await ctx.kube.patch("Sandbox", m.name, ns, patch)
+        except Exception as exc:  # noqa: BLE001
+            ctx.reserved.pop((ns, m.name), None)
+            if status_code(exc) in (404, 409, 422):
+                continue  # taken or gone since the cache saw it: next candidate
+            raise
+        ctx.bound[(ns, name)] = m.name
+        if kind == "WarmPool":
+            ctx.request(kind, ns, pool)  # replenish now, without waiting for the watch event
+        return m
+    return None
+
+
+async def _inject_env(ctx: Context, m: Member, env: list[dict[str, str]]) -> None:
+    if not m.endpoint:
+        raise ClaimError("EnvInjectionFailed", f"sandbox {m.name} has no execd endpoint")
+    token = execd_token(ctx.token_key, m.namespace, m.name, m.uid)
+    try:
+        resp = await ctx.http().put(f"http://{m.endpoint}/v1/env",
+                                    json={"env": {e["name"]: e.get("value", "") for e in env}, "merge": True},
+                                    headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        resp.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ClaimError("EnvInjectionFailed", f"could not set env in sandbox {m.name} through execd: {exc}") from None
+
+
+async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool: str, first_seen: float,
+                env_applied: bool = True) -> None:
+    meta = body["metadata"]
+    gen = meta.get("generation")
+    status = body.get("status") or {}
+    await _status(ctx, body, {
+        "phase": "Bound",
+        "sandbox": {"name": m.name, "podIPs": list(m.pod_ips), "endpoint": m.endpoint},
+        "launchType": launch,
+        "boundTime": now_iso(),
+        "observedGeneration": gen,
+        "conditions": set_condition(status.get("conditions"), "Bound", True, "Bound",
+                                    f"bound to sandbox {m.name} ({launch.lower()} start)", gen),
+    })
+    metrics.CLAIM_LATENCY.labels(launch_type=launch, pool=pool).observe(max(0.0, time.time() - first_seen))
+    metrics.CLAIMS.labels(outcome="Bound", pool=pool).inc()
+    ctx.first_seen.pop((meta["namespace"], meta["name"]), None)
+
+
+async def _cold(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, kind: str, pool: dict[str, Any],
+                template: dict[str, Any], tspec: SandboxTemplateSpec, bp_hash: str, env: list[dict[str, str]]) -> None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    if kind == "Pool":
+        cap = pool["spec"].get("capacity") or {}
+        members = ctx.cache.members(ns, "Pool", pool["metadata"]["name"])
+        if len(members) >= int(cap.get("poolMax", 10)):
+            await _waiting(ctx, body, "PoolExhausted", f"Pool {pool['metadata']['name']} is at poolMax; waiting")
+            return
+    blueprint = copy.deepcopy(template["spec"])
+    pod_template = blueprint["podTemplate"]
+    main = pod_template["spec"]["containers"][0]
+    if env:
+        names = {e["name"] for e in env}
+        main["env"] = [e for e in main.get("env") or [] if e.get("name") not in names] + env
+    md = spec.additional_pod_metadata
+    pt_meta = pod_template.setdefault("metadata", {})
+    pt_meta["labels"] = {**pt_meta.get("labels", {}), **md.labels}
+    pt_meta["annotations"] = {**pt_meta.get("annotations", {}), **md.annotations}
+    if spec.volume_claim_templates:
+        extra = [v.to_k8s() for v in spec.volume_claim_templates]
+        if tspec.volume_claim_templates_policy == "Overrides":
+            blueprint["volumeClaimTemplates"] = extra
+        else:
+            blueprint["volumeClaimTemplates"] = list(blueprint.get("volumeClaimTemplates") or []) + extra
+    tname = template["metadata"]["name"]
+    if kind == "Pool":
+        labels = sandbox_labels(tname, pool=pool["metadata"]["name"], pool_kind="Pool", claim=name, bp_hash=bp_hash)
+        owner = owner_ref(pool)
+    else:
+        labels = sandbox_labels(tname, claim=name, bp_hash=bp_hash)
+        owner = owner_ref(body)
+    sandbox_name = f"{name}-{meta['uid'][:5]}"
+    manifest = sandbox_manifest(name=sandbox_name, namespace=ns, template_name=tname, blueprint=blueprint,
+                                labels=labels, owner=owner, annotations={A_LAUNCH: "Cold"})
+    await ignore({409}, ctx.kube.create(manifest))
+    ctx.bound[(ns, name)] = sandbox_name
+
+
+async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, sandbox: Member | None,
+                 now: float) -> None:
+    meta, status = body["metadata"], body.get("status") or {}
+    ns, name = meta["namespace"], meta["name"]
+    shutdown = spec.lifecycle.shutdown_time.timestamp() if spec.lifecycle.shutdown_time else 0.0
+    policy = spec.lifecycle.shutdown_policy
+    if sandbox is None:
+        expected = (status.get("sandbox") or {}).get("name")
+        if (ns, name) in ctx.bound:
+            return  # our own adoption, not reported by the watch yet
+        if shutdown and now >= shutdown:
+            await finish(ctx, body, "Finished", "ShutdownTime", f"shut down at shutdownTime ({policy})")
+            return
+        await finish(ctx, body, "Failed", "SandboxLost",
+                     f"sandbox {expected} was deleted while the claim was bound")
+        return
+    if not shutdown:
+        return
+    if now < shutdown:
+        ctx.request_at("SandboxClaim", ns, name, shutdown)
+        return
+    if policy == "Retain":
+        await ignore({404}, ctx.kube.patch("Sandbox", sandbox.name, ns, {"metadata": {
+            "ownerReferences": [], "labels": {L_CLAIM: None, L_POOL: None, L_POOL_KIND: None}}}))
+        await finish(ctx, body, "Finished", "ShutdownTime", f"shutdownTime reached; sandbox {sandbox.name} retained")
+    elif policy == "DeleteForeground":
+        if not sandbox.deleting:
+            await ignore({404}, ctx.kube.delete("Sandbox", sandbox.name, ns, foreground=True))
+        # Finished once the sandbox is gone (its deletion event brings us back here).
+    else:
+        await ignore({404}, ctx.kube.delete("Sandbox", sandbox.name, ns))
+        await finish(ctx, body, "Finished", "ShutdownTime", f"shutdownTime reached; sandbox {sandbox.name} deleted")
+
+
+async def _after_finish(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, now: float) -> None:
+    ttl = spec.lifecycle.ttl_seconds_after_finished
+    if ttl is None:
+        return
+    meta = body["metadata"]
+    finished = _ts((body.get("status") or {}).get("finishedTime")) or now
+    if now >= finished + ttl:
+        log.info("claim %s/%s: ttlSecondsAfterFinished passed; deleting", meta["namespace"], meta["name"])
+        await ignore({404, 409}, ctx.kube.delete("SandboxClaim", meta["name"], meta["namespace"], uid=meta["uid"]))
+    else:
+        ctx.request_at("SandboxClaim", meta["namespace"], meta["name"], finished + ttl)
+
+
+async def _release_for_failure(ctx: Context, ns: str, name: str) -> None:
+    """A failed claim holds no sandbox: delete one made or adopted for it (Pool members are recycled by their pool)."""
+    m = ctx.cache.claim_sandbox(ns, name)
+    sandbox_name = m.name if m else ctx.bound.get((ns, name))
+    ctx.bound.pop((ns, name), None)
+    if not sandbox_name:
+        return
+    if m is not None and m.pool_kind == "Pool":
+        ctx.request("Pool", ns, m.pool or "")
+        return
+    await ignore({404}, ctx.kube.delete("Sandbox", sandbox_name, ns))

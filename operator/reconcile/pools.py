@@ -1,0 +1,217 @@
+"""WarmPool and Pool: keep the right number of idle sandboxes, in slow-start batches, counting what is in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from corral.api import CorralValidationError, PoolSpec, WarmPoolSpec, validate
+
+from .. import metrics
+from ..builders import blueprint_hash, owner_ref, sandbox_labels, sandbox_manifest
+from ..constants import L_CLAIM, L_POOL, L_POOL_KIND
+from ..context import Context
+from ..kube import ignore, status_code
+from ..planning import Member, plan_pool, plan_warm_pool, slow_start
+from .conditions import differs, set_condition
+
+log = logging.getLogger("corral.operator.pool")
+
+
+def selector(kind: str, name: str) -> str:
+    return f"{L_POOL}={name},{L_POOL_KIND}={kind}"
+
+
+async def _fail_status(ctx: Context, kind: str, body: dict[str, Any], reason: str, message: str) -> None:
+    meta, status = body["metadata"], body.get("status") or {}
+    desired = {"observedGeneration": meta.get("generation"),
+               "conditions": set_condition(status.get("conditions"), "Ready", False, reason, message,
+                                           meta.get("generation"))}
+    if differs(status, desired):
+        await ctx.kube.patch(kind, meta["name"], meta["namespace"], {"status": desired}, status=True)
+
+
+async def run_batches(n: int, make: Any, cap: int) -> tuple[int, Exception | None]:
+    """Run `make()` n times in slow-start batches (1, 2, 4, ...). Stops at the first batch with an error."""
+    done = 0
+    for size in slow_start(n, cap):
+        results = await asyncio.gather(*(make() for _ in range(size)), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, Exception)]
+        done += size - len(errors)
+        if errors:
+            return done, errors[0]
+    return done, None
+
+
+async def delete_batches(ctx: Context, victims: list[Member], cap: int) -> tuple[int, Exception | None]:
+    """Delete sandboxes in slow-start batches, each only if unchanged since we looked (so never one that a claim
+    just adopted: that write bumped its resourceVersion)."""
+    queue = list(victims)
+    done = 0
+    for size in slow_start(len(queue), cap):
+        batch, queue = queue[:size], queue[size:]
+        results = await asyncio.gather(*(
+            ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, m.namespace, uid=m.uid,
+                                               resource_version=m.resource_version))
+            for m in batch), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, Exception)]
+        done += size - len(errors)
+        if errors:
+            return done, errors[0]
+    return done, None
+
+
+def _template_or_none(ctx: Context, ns: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+    template = ctx.cache.template(ns, name)
+    if template is None:
+        return None, None
+    try:
+        return template, blueprint_hash(template["spec"])
+    except Exception:  # noqa: BLE001 - an invalid template is reported on the template itself
+        return None, None
+
+
+async def _create_member(ctx: Context, kind: str, body: dict[str, Any], template: dict[str, Any], bp_hash: str) -> None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    manifest = sandbox_manifest(
+        name=None, generate_name=f"{name}-", namespace=ns, template_name=template["metadata"]["name"],
+        blueprint=template["spec"],
+        labels=sandbox_labels(template["metadata"]["name"], pool=name, pool_kind=kind, bp_hash=bp_hash),
+        owner=owner_ref(body),
+    )
+    created = await ctx.kube.create(manifest)
+    ctx.creates.expect((kind, ns, name), created["metadata"]["name"])
+
+
+async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
+    body = ctx.cache.warmpool(ns, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        spec = validate(WarmPoolSpec, body["spec"])
+    except CorralValidationError as exc:
+        await _fail_status(ctx, "WarmPool", body, "InvalidSpec", str(exc))
+        return
+    template, bp_hash = _template_or_none(ctx, ns, spec.template_ref.name)
+    if template is None:
+        await _fail_status(ctx, "WarmPool", body, "TemplateNotFound",
+                           f"SandboxTemplate {spec.template_ref.name!r} does not exist (or is invalid) in {ns}")
+        return
+    members = ctx.cache.members(ns, "WarmPool", name)
+    idle = [m for m in members if not m.claim and not m.deleting and (ns, m.name) not in ctx.reserved]
+    now = time.time()
+    expected = ctx.creates.outstanding(("WarmPool", ns, name), {m.name for m in members})
+    plan = plan_warm_pool(replicas=spec.replicas, idle=idle, current_hash=bp_hash,
+                          strategy=spec.update_strategy.type, expected_creates=expected, now=now,
+                          readiness_grace=spec.readiness_grace_seconds)
+    error: Exception | None = None
+    if plan.delete:
+        log.info("warmpool %s/%s: deleting %d (%s)", ns, name, len(plan.delete), "; ".join(plan.reasons) or "surplus")
+        _, error = await delete_batches(ctx, plan.delete, ctx.settings.max_batch)
+    if plan.create and error is None:
+        log.info("warmpool %s/%s: creating %d", ns, name, plan.create)
+        _, error = await run_batches(plan.create, lambda: _create_member(ctx, "WarmPool", body, template, bp_hash),
+                                     ctx.settings.max_batch)
+
+    # Wake up when an unready sandbox would pass its readiness grace.
+    unready = [m.created + spec.readiness_grace_seconds for m in idle if not m.ready]
+    if unready:
+        ctx.request_at("WarmPool", ns, name, min(unready) + 0.5)
+
+    kept = [m for m in idle if m not in plan.delete]
+    ready = sum(1 for m in kept if m.ready)
+    status = body.get("status") or {}
+    gen = body["metadata"].get("generation")
+    ok = error is None and ready >= spec.replicas
+    desired = {
+        "replicas": len(kept),
+        "readyReplicas": ready,
+        "updatedReplicas": sum(1 for m in kept if m.blueprint_hash == bp_hash),
+        "selector": selector("WarmPool", name),
+        "observedGeneration": gen,
+        "conditions": set_condition(
+            status.get("conditions"), "Ready", ok,
+            "Ready" if ok else ("CreateFailed" if error else "Scaling"),
+            str(error) if error else f"{ready}/{spec.replicas} ready", gen),
+    }
+    _gauges(ns, name, spec.replicas, ready, len(kept), len(members) - len(idle))
+    if differs(status, desired):
+        await ctx.kube.patch("WarmPool", name, ns, {"status": desired}, status=True)
+    if error is not None and status_code(error) not in (403, 422):
+        raise error  # transient: retried with backoff by the queue
+
+
+async def reconcile_pool(ctx: Context, ns: str, name: str) -> None:
+    body = ctx.cache.pool(ns, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        spec = validate(PoolSpec, body["spec"])
+    except CorralValidationError as exc:
+        await _fail_status(ctx, "Pool", body, "InvalidSpec", str(exc))
+        return
+    template, bp_hash = _template_or_none(ctx, ns, spec.template_ref.name)
+    if template is None:
+        await _fail_status(ctx, "Pool", body, "TemplateNotFound",
+                           f"SandboxTemplate {spec.template_ref.name!r} does not exist (or is invalid) in {ns}")
+        return
+    members = ctx.cache.members(ns, "Pool", name)
+    # Allocated sandboxes whose claim is gone are released: recycled as the pool says.
+    for m in members:
+        if m.claim and not m.deleting and ctx.cache.claim(ns, m.claim) is None and (ns, m.claim) not in ctx.bound:
+            await recycle(ctx, m, spec.recycle_strategy)
+    members = ctx.cache.members(ns, "Pool", name)
+    idle = [m for m in members if not m.claim and not m.deleting and (ns, m.name) not in ctx.reserved]
+    allocated = sum(1 for m in members if m.claim and not m.deleting)
+    terminating = sum(1 for m in members if m.deleting)
+    expected = ctx.creates.outstanding(("Pool", ns, name), {m.name for m in members})
+    cap = spec.capacity
+    plan = plan_pool(buffer_min=cap.buffer_min, buffer_max=cap.buffer_max, pool_min=cap.pool_min,
+                     pool_max=cap.pool_max, max_unavailable=spec.max_unavailable, idle=idle, allocated=allocated,
+                     terminating=terminating, expected_creates=expected, current_hash=bp_hash)
+    error: Exception | None = None
+    if plan.delete:
+        log.info("pool %s/%s: deleting %d idle", ns, name, len(plan.delete))
+        _, error = await delete_batches(ctx, plan.delete, min(ctx.settings.max_batch, spec.max_unavailable))
+    if plan.create:
+        log.info("pool %s/%s: creating %d", ns, name, plan.create)
+        _, error = await run_batches(plan.create, lambda: _create_member(ctx, "Pool", body, template, bp_hash),
+                                     ctx.settings.max_batch)
+    status = body.get("status") or {}
+    gen = body["metadata"].get("generation")
+    kept_idle = [m for m in idle if m not in plan.delete]
+    desired = {
+        "total": allocated + len(kept_idle) + terminating,
+        "allocated": allocated,
+        "available": sum(1 for m in kept_idle if m.ready),
+        "updated": sum(1 for m in members if m.blueprint_hash == bp_hash and not m.deleting),
+        "revision": bp_hash,
+        "observedGeneration": gen,
+        "conditions": set_condition(status.get("conditions"), "Ready", error is None,
+                                    "Ready" if error is None else "CreateFailed", str(error or ""), gen),
+    }
+    _gauges(ns, name, cap.buffer_min, desired["available"], len(kept_idle), allocated)
+    if differs(status, desired):
+        await ctx.kube.patch("Pool", name, ns, {"status": desired}, status=True)
+    if error is not None and status_code(error) not in (403, 422):
+        raise error
+
+
+async def recycle(ctx: Context, m: Member, strategy: str) -> None:
+    """Return a released Pool sandbox: Delete it, Restart its pod, or Noop (back to idle as it is)."""
+    log.info("pool sandbox %s/%s released by %s: %s", m.namespace, m.name, m.claim, strategy)
+    if strategy == "Delete":
+        await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, m.namespace, uid=m.uid))
+        return
+    patch = {"metadata": {"labels": {L_CLAIM: None}, "resourceVersion": m.resource_version}}
+    await ignore({404, 409}, ctx.kube.patch("Sandbox", m.name, m.namespace, patch))
+    if strategy == "Restart":
+        await ignore({404}, ctx.kube.delete("Pod", m.name, m.namespace))
+
+
+def _gauges(ns: str, name: str, desired: int, ready: int, idle: int, allocated: int) -> None:
+    for state, value in (("desired", desired), ("ready", ready), ("idle", idle), ("allocated", allocated)):
+        metrics.POOL_REPLICAS.labels(namespace=ns, pool=name, state=state).set(value)

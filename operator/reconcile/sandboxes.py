@@ -1,0 +1,100 @@
+"""Sandbox: its pod (+ PVCs, + optional Service) from the blueprint with execd injected; status mirrors the pod."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..builders import execd_token, pod_manifest, pvc_manifests, service_manifest
+from ..cache import PodInfo, _ts
+from ..constants import A_LAUNCH, L_CLAIM, L_HASH
+from ..context import Context
+from ..kube import ignore
+from .conditions import differs, set_condition
+
+log = logging.getLogger("corral.operator.sandbox")
+
+POD_CREATE_GRACE = 30.0  # seconds we trust our own pod create before trying again
+
+
+def desired_status(body: dict[str, Any], pod: PodInfo | None, suspended: bool) -> dict[str, Any]:
+    meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    port = int((spec.get("execd") or {}).get("port", 44772))
+    gen = meta.get("generation")
+    ready = bool(pod and pod.ready and not pod.deleting and not suspended)
+    if suspended:
+        phase, reason, message = "Suspended", "Suspended", "operatingMode is Suspended: the pod is deleted, PVCs kept"
+    elif pod is None:
+        phase, reason, message = "Pending", "PodCreating", "the pod is being created"
+    elif pod.deleting:
+        phase, reason, message = "Pending", "PodTerminating", "the pod is terminating and will be recreated"
+    else:
+        phase = pod.phase or "Pending"
+        reason = "PodReady" if ready else f"Pod{phase}"
+        message = "" if ready else (pod.message or f"pod is {phase}")
+    ips = [] if suspended or pod is None else list(pod.pod_ips)
+    return {
+        "phase": phase,
+        "podIPs": ips,
+        "endpoint": f"{ips[0]}:{port}" if ips and not suspended else None,
+        "nodeName": pod.node if pod and not suspended else None,
+        "launchType": annotations.get(A_LAUNCH),
+        "blueprintHash": labels.get(L_HASH),
+        "claimRef": {"name": labels[L_CLAIM]} if labels.get(L_CLAIM) else None,
+        "observedGeneration": gen,
+        "conditions": set_condition(status.get("conditions"), "Ready", ready, reason, message, gen),
+    }
+
+
+async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
+    body = ctx.cache.sandbox(ns, name)
+    key = (ns, name)
+    if body is None:
+        ctx.pod_creates.pop(key, None)
+        return
+    meta, spec = body["metadata"], body["spec"]
+    if meta.get("deletionTimestamp"):
+        return
+    now = time.time()
+    shutdown = _ts(spec.get("shutdownTime"))
+    if shutdown:
+        if shutdown <= now:
+            log.info("sandbox %s/%s reached its shutdownTime; deleting", ns, name)
+            await ignore({404, 409}, ctx.kube.delete("Sandbox", name, ns, uid=meta["uid"]))
+            return
+        ctx.request_at("Sandbox", ns, name, shutdown)
+
+    pod = ctx.cache.pod(ns, name)
+    if pod is not None:
+        ctx.pod_creates.pop(key, None)
+    suspended = spec.get("operatingMode") == "Suspended"
+    if suspended:
+        if pod is not None and not pod.deleting:
+            await ignore({404}, ctx.kube.delete("Pod", name, ns, uid=pod.uid))
+    elif pod is None:
+        created_at = ctx.pod_creates.get(key)
+        if created_at is None or now - created_at > POD_CREATE_GRACE:
+            await _create_pod(ctx, body)
+            ctx.pod_creates[key] = now
+            ctx.request_at("Sandbox", ns, name, now + POD_CREATE_GRACE + 1)
+    elif pod.phase in ("Failed", "Succeeded") and not pod.deleting:
+        log.info("sandbox %s/%s: pod ended (%s); replacing it", ns, name, pod.phase)
+        await ignore({404, 409}, ctx.kube.delete("Pod", name, ns, uid=pod.uid))
+
+    desired = desired_status(body, pod, suspended)
+    if differs(body.get("status"), desired):
+        await ctx.kube.patch("Sandbox", name, ns, {"status": desired}, status=True)
+
+
+async def _create_pod(ctx: Context, body: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    for pvc in pvc_manifests(body):
+        await ignore({409}, ctx.kube.create(pvc))
+    svc = service_manifest(body)
+    if svc:
+        await ignore({409}, ctx.kube.create(svc))
+    token = execd_token(ctx.token_key, meta["namespace"], meta["name"], meta["uid"])
+    pod = pod_manifest(body, execd_image=ctx.settings.execd_image, token=token)
+    await ignore({409}, ctx.kube.create(pod))  # deterministic name: a duplicate create is a no-op
