@@ -67,7 +67,7 @@ class ExecdSpec(Model):
     port: int = Field(default=EXECD_DEFAULT_PORT, ge=1024, le=65535, description="Port execd listens on in the pod.")
     image: str | None = Field(default=None, description="Image carrying the execd bundle (default: the operator's).")
     resources: Resources = Field(
-        default_factory=lambda: Resources(requests={"cpu": "10m", "memory": "32Mi"}, limits={"memory": "256Mi"}),
+        default=Resources(requests={"cpu": "10m", "memory": "32Mi"}, limits={"memory": "128Mi"}),
         description="Resources of the execd init container.",
     )
 

@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   template TEXT NOT NULL,
   hash TEXT,
   image TEXT,
-  state TEXT NOT NULL,          -- creating | ready | deleting | retained
+  state TEXT NOT NULL,          -- creating | ready | releasing | deleting | retained
   claim TEXT UNIQUE,
   created REAL NOT NULL,
   ip TEXT,
@@ -258,6 +258,34 @@ class Store:
                  claim.message),
             )
             return claim, chosen, True
+
+    def end_claim(self, name: str, *, expired: bool, message: str | None = None) -> str | None:
+        """End a claim in one transaction: the claim row is deleted (or kept as Expired) and its sandbox leaves it
+        in state `releasing` (never `ready` with no claim, which another claim could adopt before the release).
+        A sandbox still `creating` (a cold start in flight) stays so; the start releases it. Returns the sandbox."""
+        with self.tx() as db:
+            row = db.execute("SELECT sandbox FROM claims WHERE name=?", (name,)).fetchone()
+            if row is None:
+                return None
+            if expired:
+                db.execute("UPDATE claims SET phase='Expired', sandbox=NULL, message=? WHERE name=?", (message, name))
+            else:
+                db.execute("DELETE FROM claims WHERE name=?", (name,))
+            db.execute("UPDATE sandboxes SET claim=NULL, state=CASE WHEN state='creating' THEN 'creating' "
+                       "ELSE 'releasing' END WHERE claim=?", (name,))
+            return row["sandbox"]
+
+    def finish_cold(self, claim: str, sandbox: str, ready_at: float) -> bool:
+        """A cold start finished: the claim becomes Ready if it still waits for this sandbox; otherwise the sandbox
+        goes to `releasing`. One transaction, so the sandbox is never idle-and-ready in between."""
+        with self.tx() as db:
+            row = db.execute("SELECT phase, sandbox FROM claims WHERE name=?", (claim,)).fetchone()
+            if row and row["phase"] == "Pending" and row["sandbox"] == sandbox:
+                db.execute("UPDATE sandboxes SET state='ready' WHERE name=?", (sandbox,))
+                db.execute("UPDATE claims SET phase='Ready', ready_at=? WHERE name=?", (ready_at, claim))
+                return True
+            db.execute("UPDATE sandboxes SET state='releasing', claim=NULL WHERE name=?", (sandbox,))
+            return False
 
     def bind_cold(self, claim: str, row: SandboxRow) -> None:
         """Give a Pending claim (whose sandbox was lost) a new cold sandbox row, in one transaction."""

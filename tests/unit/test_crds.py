@@ -103,3 +103,15 @@ def test_pod_template_is_preserve_unknown_but_corral_fields_are_typed():
 def test_committed_files_load():
     assert sorted(c["metadata"]["name"] for c in load_committed()) == sorted(
         c["metadata"]["name"] for c in all_crds())
+
+
+def test_server_defaults_match_the_models_and_optional_objects_stay_absent():
+    from corral.api import SandboxTemplateSpec
+
+    props = spec_schema("SandboxTemplate")["properties"]
+    assert "default" not in props["networkPolicy"]  # absent means "use the secure default policy"
+    assert "default" not in props["service"]
+    model_default = SandboxTemplateSpec.model_fields["execd"].default_factory().to_k8s()
+    assert props["execd"]["default"] == model_default
+    assert spec_schema("Pool")["properties"]["capacity"]["default"] == {
+        "bufferMin": 0, "bufferMax": 1, "poolMin": 0, "poolMax": 10}

@@ -1,0 +1,595 @@
+"""The Docker runtime: the claims backend plus the pool workers, over the store (truth for claims) and the engine.
+
+Event-driven: pool workers wake on claims, releases, container events and pools-file reloads; claims expire on a
+timer set for the next known deadline. With nothing changing it makes no Docker calls. Docker calls run in a bounded
+thread pool; creates are bounded separately for claims (cold starts) and for pools (slow-start batches 1, 2, 4, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import httpx
+
+from corral.operator.api import (
+    Claim, ClaimRequest, Conflict, ExecdTarget, Invalid, NotFound, Snapshot, SnapshotRequest, Unavailable,
+)
+from corral.operator.api.models import SandboxRef
+from corral.operator.planning import MAX_BATCH, Member, adoption_order, plan_pool, plan_warm_pool
+
+from . import engine
+from .metrics import CLAIM_SECONDS, CLAIMS, DOCKER_CALLS, POOL, RECONCILES, SANDBOX_START
+from .spec import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, PoolSpec, WarmPoolSpec
+from .store import ClaimRow, SandboxRow, Store, now
+
+log = logging.getLogger("corral.operator.docker")
+T = TypeVar("T")
+
+
+@dataclass
+class Settings:
+    stack: str
+    execd_tar: str
+    execd_key: str
+    readiness_grace: float = 120.0      # an unready idle sandbox older than this is replaced
+    ready_timeout: float = 120.0        # container start -> execd healthy, at most
+    max_cold_creates: int = 8           # concurrent cold starts for claims
+    max_pool_creates: int = 4           # concurrent creates per pool batch (after slow start)
+    threads: int = 48
+
+
+class DockerRuntime:
+    def __init__(self, settings: Settings, desired: DesiredState, store: Store, client: Any):
+        self.s, self.desired, self.store, self.client = settings, desired, store, client
+        self.secret = bytes.fromhex(store.meta("token-secret", lambda: secrets.token_hex(32)))
+        self.pool_exec = ThreadPoolExecutor(settings.threads, thread_name_prefix="docker")
+        self.cold_sem = asyncio.Semaphore(settings.max_cold_creates)
+        self.pool_sem = asyncio.Semaphore(settings.max_pool_creates)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0))
+        self.execd_volume = ""
+        self._wake: dict[str, asyncio.Event] = {}
+        self._workers: dict[str, asyncio.Task] = {}
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._failed: set[str] = set()               # sandboxes whose container died while starting
+        self._deadline = asyncio.Event()
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- plumbing ---------------------------------------------------------------------------------------------------
+    async def run(self, fn: Callable[..., T], *args: Any, op: str = "", **kw: Any) -> T:
+        assert self._loop is not None
+        try:
+            out = await self._loop.run_in_executor(self.pool_exec, lambda: fn(*args, **kw))
+        except Exception:
+            if op:
+                DOCKER_CALLS.labels(op, "error").inc()
+            raise
+        if op:
+            DOCKER_CALLS.labels(op, "ok").inc()
+        return out
+
+    def spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
+        return task
+
+    def token(self, sandbox: str) -> str:
+        return hmac.new(self.secret, f"docker/{sandbox}".encode(), hashlib.sha256).hexdigest()
+
+    def wake(self, pool: str | None = None) -> None:
+        for name, ev in self._wake.items():
+            if pool is None or name == pool:
+                ev.set()
+
+    def _notify(self, claim: str) -> None:
+        ev = self._waiters.get(claim)
+        if ev:
+            ev.set()
+
+    # --- lifecycle --------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._ensure_infrastructure()
+        await self.resync()
+        self._start_workers()
+        self.spawn(self._deadline_loop())
+        threading.Thread(target=self._watch_events, name="docker-events", daemon=True).start()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for t in list(self._tasks) + list(self._workers.values()):
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._workers.values(), return_exceptions=True)
+        await self.http.aclose()
+        self.pool_exec.shutdown(wait=False, cancel_futures=True)
+
+    async def _ensure_infrastructure(self) -> None:
+        for t in self.desired.templates:
+            await self.run(engine.ensure_network, self.client, t.network, internal=t.internal, stack=self.s.stack)
+        helper = self.desired.templates[0].image if self.desired.templates else "corral/base:bookworm"
+        self.execd_volume = await self.run(engine.ensure_execd_volume, self.client, stack=self.s.stack,
+                                           key=self.s.execd_key, tar_path=self.s.execd_tar, helper_image=helper)
+
+    async def reload(self, desired: DesiredState) -> None:
+        """A new pools file: new pools get workers, removed pools drain their idle sandboxes, all re-plan."""
+        self.desired = desired
+        await self._ensure_infrastructure()
+        self._start_workers()
+        self.wake()
+
+    def _start_workers(self) -> None:
+        names = {p.name for p in [*self.desired.warm_pools, *self.desired.pools]}
+        names |= {r.pool for r in self.store.sandboxes() if r.pool}
+        for name in names:
+            if name not in self._workers or self._workers[name].done():
+                self._wake[name] = asyncio.Event()
+                self._wake[name].set()
+                self._workers[name] = asyncio.get_running_loop().create_task(self._pool_worker(name))
+
+    # --- pools ------------------------------------------------------------------------------------------------------
+    def _plan(self, pool: str):
+        found = self.desired.pool(pool)
+        rows = self.store.sandboxes(pool=pool)
+        idle = [r.member() for r in rows if r.claim is None and r.state in ("creating", "ready")]
+        allocated = sum(1 for r in rows if r.claim is not None or r.state == "releasing")
+        terminating = sum(1 for r in rows if r.state == "deleting")
+        POOL.labels(pool, "idle_ready").set(sum(1 for m in idle if m.ready))
+        POOL.labels(pool, "idle_starting").set(sum(1 for m in idle if not m.ready))
+        POOL.labels(pool, "claimed").set(allocated)
+        RECONCILES.labels(pool).inc()
+        if found is None:  # removed from the pools file: drain what is idle
+            return plan_warm_pool(replicas=0, idle=idle, current_hash=None, strategy="OnReplenish",
+                                  expected_creates=0, now=now(), readiness_grace=self.s.readiness_grace), None
+        kind, spec = found
+        tmpl = self.desired.template(spec.template)
+        if isinstance(spec, WarmPoolSpec):
+            plan = plan_warm_pool(replicas=spec.replicas, idle=idle, current_hash=tmpl.blueprint_hash(),
+                                  strategy=spec.update_strategy, expected_creates=0, now=now(),
+                                  readiness_grace=self.s.readiness_grace)
+        else:
+            assert isinstance(spec, PoolSpec)
+            plan = plan_pool(buffer_min=spec.buffer_min, buffer_max=spec.buffer_max, pool_min=spec.pool_min,
+                             pool_max=spec.pool_max, max_unavailable=spec.max_unavailable, idle=idle,
+                             allocated=allocated, terminating=terminating, expected_creates=0,
+                             current_hash=tmpl.blueprint_hash())
+        return plan, (kind, tmpl)
+
+    async def _pool_worker(self, pool: str) -> None:
+        """One worker per pool: plan, act on one slow-start batch, re-plan; sleep until woken."""
+        ev, batch, failures = self._wake[pool], 1, 0
+        while True:
+            await ev.wait()
+            ev.clear()
+            while True:
+                plan, target = await self.run(self._plan, pool)
+                if not plan.create and not plan.delete:
+                    batch = 1
+                    break
+                for m in plan.delete[:max(batch, 1)]:
+                    await self.run(self.store.update_sandbox, m.name, state="deleting")
+                    self.spawn(self._delete_sandbox(m.name))
+                if plan.create and target:
+                    kind, tmpl = target
+                    n = min(plan.create, batch, MAX_BATCH)
+                    results = await asyncio.gather(*[self._create_idle(pool, kind, tmpl) for _ in range(n)],
+                                                   return_exceptions=True)
+                    errors = [r for r in results if isinstance(r, BaseException)]
+                    if errors:
+                        failures += 1
+                        delay = min(60.0, 2.0 ** failures)
+                        log.warning("pool %s: %d of %d creates failed (%s); retrying in %.0f s", pool, len(errors),
+                                    n, errors[0], delay)
+                        batch = 1
+                        await asyncio.sleep(delay)
+                        continue
+                    failures = 0
+                batch = min(batch * 2, MAX_BATCH)
+
+    async def _create_idle(self, pool: str, kind: str, tmpl: DockerTemplate) -> None:
+        row = SandboxRow(name=f"corral-{self.s.stack}-{pool}-{secrets.token_hex(3)}", template=tmpl.name,
+                         state="creating", created=now(), pool=pool, pool_kind=kind, hash=tmpl.blueprint_hash(),
+                         image=tmpl.image)
+        await self.run(self.store.add_sandbox, row)
+        async with self.pool_sem:
+            await self._start_sandbox(row, tmpl, {})
+        await self.run(self.store.update_sandbox, row.name, state="ready")
+
+    async def _start_sandbox(self, row: SandboxRow, tmpl: DockerTemplate, env: dict[str, str]) -> None:
+        """Create + start the container of a `creating` row and wait until its execd answers."""
+        t0 = time.monotonic()
+        if env:
+            tmpl = tmpl.model_copy(update={"env": {**tmpl.env, **env}})
+        try:
+            addr = await self.run(engine.create_sandbox, self.client, stack=self.s.stack, name=row.name, tmpl=tmpl,
+                                  image=row.image or tmpl.image, token=self.token(row.name),
+                                  execd_volume=self.execd_volume, pool=row.pool, pool_kind=row.pool_kind,
+                                  op="create")
+            await self.run(self.store.update_sandbox, row.name, container_id=addr["id"], ip=addr["ip"],
+                           host_port=addr["host_port"])
+            await self._wait_healthy(row.name, addr["ip"], tmpl.execd_port)
+        except BaseException:
+            await self.run(engine.remove, self.client, row.name, op="remove")
+            await self.run(self.store.remove_sandbox, row.name)
+            raise
+        SANDBOX_START.observe(time.monotonic() - t0)
+
+    async def _wait_healthy(self, name: str, ip: str | None, port: int) -> None:
+        if not ip:
+            raise RuntimeError(f"sandbox {name} has no IP address")
+        deadline = time.monotonic() + self.s.ready_timeout
+        while True:
+            try:
+                r = await self.http.get(f"http://{ip}:{port}/v1/health", timeout=2.0)
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if name in self._failed:
+                self._failed.discard(name)
+                raise RuntimeError(f"sandbox {name}: container exited while starting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sandbox {name}: execd not healthy after {self.s.ready_timeout:.0f} s")
+            await asyncio.sleep(0.03)
+
+    async def _delete_sandbox(self, name: str) -> None:
+        await self.run(engine.remove, self.client, name, op="remove")
+        row = await self.run(self.store.sandbox, name)
+        await self.run(self.store.remove_sandbox, name)
+        if row and row.pool:
+            self.wake(row.pool)
+
+    # --- claims -----------------------------------------------------------------------------------------------------
+    def to_api(self, c: ClaimRow) -> Claim:
+        ts = lambda t: datetime.fromtimestamp(t, timezone.utc) if t else None  # noqa: E731
+        sandbox = SandboxRef(name=c.sandbox, endpoint=f"/v1/claims/{c.name}/execd") if c.sandbox else None
+        return Claim(name=c.name, pool=c.pool, pool_kind=c.pool_kind, phase=c.phase, launch_type=c.launch_type,
+                     sandbox=sandbox, created=ts(c.created), ready_at=ts(c.ready_at), expires_at=ts(c.expires_at),
+                     shutdown_policy=c.shutdown_policy, snapshot=c.snapshot, message=c.message)
+
+    async def _claim(self, name: str) -> ClaimRow:
+        c = await self.run(self.store.claim, name)
+        if c is None:
+            raise NotFound(f"no claim named {name!r}")
+        return c
+
+    async def create_claim(self, req: ClaimRequest) -> Claim:
+        t0 = time.monotonic()
+        found = self.desired.pool(req.pool)
+        if found is None:
+            raise NotFound(f"no WarmPool or Pool named {req.pool!r}")
+        kind, spec = found
+        tmpl = self.desired.template(spec.template)
+        if req.env and tmpl.env_policy == "Disallowed":
+            raise Invalid(f"template {tmpl.name!r} does not allow claim env (envVarsInjectionPolicy: Disallowed)")
+        if req.snapshot and not await self.run(engine.image_exists, self.client, req.snapshot):
+            raise Invalid(f"snapshot image {req.snapshot!r} does not exist")
+        created = now()
+        row = ClaimRow(name=req.name or f"claim-{secrets.token_hex(5)}", pool=req.pool, pool_kind=kind,
+                       phase="Pending", created=created, expires_at=created + req.ttl_seconds if req.ttl_seconds
+                       else None, shutdown_policy=req.shutdown_policy, env=dict(req.env), snapshot=req.snapshot)
+        self._waiters.setdefault(row.name, asyncio.Event())
+
+        def order(members: list[Member]) -> list[Member]:
+            return adoption_order(members, tmpl.blueprint_hash(), set())
+
+        def cold() -> SandboxRow:
+            return SandboxRow(name=f"corral-{self.s.stack}-{req.pool}-{secrets.token_hex(3)}", template=tmpl.name,
+                              state="creating", created=now(), pool=req.pool, pool_kind=kind,
+                              hash=tmpl.blueprint_hash(), image=req.snapshot or tmpl.image)
+
+        allow_cold = kind == "WarmPool" or self._pool_has_room(spec)
+        claim, sandbox, new = await self.run(self.store.adopt, row, order, cold if allow_cold else None)
+        if not new:
+            return await self._wait(claim.name, req.timeout_seconds)
+        if sandbox is None:
+            await self.run(self.store.update_claim, claim.name, phase="Failed",
+                           message=f"pool {req.pool} is at poolMax and has no idle sandbox")
+            CLAIMS.labels("none", "full").inc()
+            raise Conflict(f"pool {req.pool!r} is at poolMax and has no idle sandbox")
+        self.wake(req.pool)
+        if claim.launch_type == "warm":
+            await self._warm_ready(claim, sandbox, t0)
+            return self.to_api(await self._claim(claim.name))
+        self.spawn(self._cold_start(claim.name, sandbox, tmpl, t0))
+        return await self._wait(claim.name, req.timeout_seconds)
+
+    def _pool_has_room(self, spec: Any) -> bool:
+        rows = self.store.sandboxes(pool=spec.name)
+        return len(rows) < spec.pool_max
+
+    async def _warm_ready(self, claim: ClaimRow, sandbox: SandboxRow, t0: float) -> None:
+        if claim.env:
+            try:
+                r = await self.http.put(f"http://{sandbox.ip}:{self._port(sandbox)}/v1/env",
+                                        json={"env": claim.env, "merge": False},
+                                        headers={"Authorization": f"Bearer {self.token(sandbox.name)}"})
+                r.raise_for_status()
+            except httpx.HTTPError as exc:
+                await self.run(self.store.update_claim, claim.name, phase="Failed", message=f"set env: {exc}")
+                self._arm_deadlines()
+                return
+        await self.run(self.store.update_claim, claim.name, phase="Ready", ready_at=now())
+        CLAIM_SECONDS.labels("warm").observe(time.monotonic() - t0)
+        CLAIMS.labels("warm", "ready").inc()
+        self._arm_deadlines()
+
+    def _port(self, sandbox: SandboxRow) -> int:
+        found = [t for t in self.desired.templates if t.name == sandbox.template]
+        return found[0].execd_port if found else DEFAULT_EXECD_PORT
+
+    async def _cold_start(self, claim: str, sandbox: SandboxRow, tmpl: DockerTemplate, t0: float) -> None:
+        c = await self._claim(claim)
+        try:
+            async with self.cold_sem:
+                await self._start_sandbox(sandbox, tmpl, c.env)
+        except Exception as exc:  # noqa: BLE001 - becomes the claim's status
+            log.warning("claim %s: cold start failed: %s", claim, exc)
+            await self.run(self.store.update_claim, claim, phase="Failed", sandbox=None,
+                           message=f"cold start failed: {exc}")
+            CLAIMS.labels("cold", "failed").inc()
+        else:
+            if await self.run(self.store.finish_cold, claim, sandbox.name, now()):
+                CLAIM_SECONDS.labels("cold").observe(time.monotonic() - t0)
+                CLAIMS.labels("cold", "ready").inc()
+            else:  # the claim ended while its sandbox was starting
+                await self._release_sandbox(sandbox.name, c.shutdown_policy)
+        self._arm_deadlines()
+        self._notify(claim)
+
+    async def _wait(self, name: str, timeout: float) -> Claim:
+        ev = self._waiters.setdefault(name, asyncio.Event())
+        c = await self._claim(name)
+        if c.phase == "Pending" and timeout > 0:
+            try:
+                await asyncio.wait_for(ev.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            c = await self._claim(name)
+        if c.phase != "Pending":
+            self._waiters.pop(name, None)
+        return self.to_api(c)
+
+    async def get_claim(self, name: str) -> Claim:
+        return self.to_api(await self._claim(name))
+
+    async def list_claims(self, pool: str | None = None) -> list[Claim]:
+        return [self.to_api(c) for c in await self.run(self.store.claims, pool=pool)]
+
+    async def delete_claim(self, name: str) -> None:
+        c = await self._claim(name)
+        await self._end_claim(c, expired=False)
+
+    async def _end_claim(self, c: ClaimRow, *, expired: bool) -> None:
+        sandbox = await self.run(self.store.end_claim, c.name, expired=expired,
+                                 message="the claim's TTL ran out" if expired else None)
+        self._notify(c.name)
+        if sandbox:
+            row = await self.run(self.store.sandbox, sandbox)
+            if row and row.state == "releasing":  # a cold start in flight releases its own sandbox when done
+                await self._release_sandbox(sandbox, c.shutdown_policy)
+        CLAIMS.labels(c.launch_type or "none", "expired" if expired else "released").inc()
+
+    async def _release_sandbox(self, name: str, policy: str) -> None:
+        """A claim ended: retain, recycle into its Pool (Restart/Noop), or delete the sandbox."""
+        row = await self.run(self.store.sandbox, name)
+        if row is None:
+            return
+        if policy == "Retain":
+            await self.run(self.store.update_sandbox, name, state="retained", claim=None, pool=None)
+            return
+        found = self.desired.pool(row.pool) if row.pool else None
+        spec = found[1] if found else None
+        tmpl_hash = self.desired.template(spec.template).blueprint_hash() if spec else None
+        if isinstance(spec, PoolSpec) and spec.recycle_strategy != "Delete" and row.hash == tmpl_hash \
+                and row.image == self.desired.template(spec.template).image:
+            try:
+                await self._recycle(row, spec.recycle_strategy)
+                self.wake(row.pool)
+                return
+            except Exception as exc:  # noqa: BLE001 - fall back to delete
+                log.warning("recycling %s failed (%s); deleting it", name, exc)
+        await self.run(self.store.update_sandbox, name, state="deleting", claim=None)
+        await self._delete_sandbox(name)
+
+    async def _recycle(self, row: SandboxRow, strategy: str) -> None:
+        await self.run(self.store.update_sandbox, row.name, state="creating", claim=None, launch_type=None)
+        try:
+            await self.run(engine.unpause, self.client, row.name)
+        except Exception:  # noqa: BLE001 - not paused
+            pass
+        port = self._port(row)
+        if strategy == "Restart":
+            attrs = await self.run(engine.restart, self.client, row.name, op="restart")
+            tmpl = self.desired.template(row.template)
+            addr = engine.address(attrs, tmpl.network, f"{port}/tcp")
+            await self.run(self.store.update_sandbox, row.name, ip=addr["ip"], host_port=addr["host_port"])
+            await self._wait_healthy(row.name, addr["ip"], port)
+        else:
+            r = await self.http.put(f"http://{row.ip}:{port}/v1/env", json={"env": {}, "merge": False},
+                                    headers={"Authorization": f"Bearer {self.token(row.name)}"})
+            r.raise_for_status()
+        await self.run(self.store.update_sandbox, row.name, state="ready")
+
+    async def renew_claim(self, name: str, ttl_seconds: int) -> Claim:
+        c = await self._claim(name)
+        if c.phase in ("Expired", "Failed"):
+            raise Conflict(f"claim {name} is {c.phase}")
+        await self.run(self.store.update_claim, name, expires_at=now() + ttl_seconds)
+        self._arm_deadlines()
+        return self.to_api(await self._claim(name))
+
+    async def _ready_sandbox(self, name: str, phases: tuple[str, ...] = ("Ready",)) -> tuple[ClaimRow, SandboxRow]:
+        c = await self._claim(name)
+        if c.phase not in phases or not c.sandbox:
+            raise Conflict(f"claim {name} is {c.phase}, not {' or '.join(phases)}")
+        row = await self.run(self.store.sandbox, c.sandbox)
+        if row is None:
+            raise Unavailable(f"claim {name}: its sandbox is gone")
+        return c, row
+
+    async def pause_claim(self, name: str) -> Claim:
+        c, row = await self._ready_sandbox(name, ("Ready", "Paused"))
+        if c.phase == "Ready":
+            await self.run(engine.pause, self.client, row.name, op="pause")
+            await self.run(self.store.update_claim, name, phase="Paused")
+        return self.to_api(await self._claim(name))
+
+    async def resume_claim(self, name: str) -> Claim:
+        c, row = await self._ready_sandbox(name, ("Ready", "Paused"))
+        if c.phase == "Paused":
+            await self.run(engine.unpause, self.client, row.name, op="unpause")
+            await self.run(self.store.update_claim, name, phase="Ready")
+        return self.to_api(await self._claim(name))
+
+    async def snapshot_claim(self, name: str, req: SnapshotRequest) -> Snapshot:
+        c, row = await self._ready_sandbox(name, ("Ready", "Paused"))
+        tmpl = self.desired.template(row.template)
+        tag = req.tag or f"{name}-{int(time.time())}"
+        out = await self.run(engine.commit, self.client, row.name, stack=self.s.stack, tag=tag, env=tmpl.env,
+                             labels={"corral.dev/snapshot-of": name}, op="commit")
+        return Snapshot(claim=name, image=out["image"], id=out["id"])
+
+    async def execd_target(self, name: str) -> ExecdTarget:
+        _, row = await self._ready_sandbox(name)
+        return ExecdTarget(url=f"http://{row.ip}:{self._port(row)}", token=self.token(row.name))
+
+    # --- deadlines --------------------------------------------------------------------------------------------------
+    def _arm_deadlines(self) -> None:
+        self._deadline.set()
+
+    async def _deadline_loop(self) -> None:
+        while True:
+            self._deadline.clear()
+            claims = await self.run(self.store.claims, phases=("Pending", "Ready", "Paused"))
+            due = [c for c in claims if c.expires_at and c.expires_at <= now()]
+            for c in due:
+                try:
+                    await self._end_claim(c, expired=True)
+                except Exception:  # noqa: BLE001
+                    log.exception("expiring claim %s", c.name)
+            upcoming = [c.expires_at for c in claims if c.expires_at and c.expires_at > now()]
+            timeout = max(0.05, min(upcoming) - now()) if upcoming else None
+            try:
+                await asyncio.wait_for(self._deadline.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    # --- engine events and recovery ---------------------------------------------------------------------------------
+    def _watch_events(self) -> None:
+        """Container die/destroy events of this stack's sandboxes; on a broken stream (dockerd restarted) reconnect
+        and resync everything from the engine and the store."""
+        backoff, first = 0.5, True
+        while not self._stopping.is_set():
+            try:
+                since = int(time.time())
+                if not first:
+                    self.client.ping()
+                    assert self._loop is not None
+                    asyncio.run_coroutine_threadsafe(self.resync(wake=True), self._loop).result(timeout=600)
+                first = False
+                stream = self.client.events(since=since, decode=True, filters={
+                    "type": "container", "event": ["die", "destroy", "oom"],
+                    "label": [f"{engine.L_STACK}={self.s.stack}", f"{engine.L_ROLE}=sandbox"]})
+                backoff = 0.5
+                for ev in stream:
+                    if self._stopping.is_set():
+                        return
+                    name = (ev.get("Actor") or {}).get("Attributes", {}).get("name")
+                    if name and self._loop:
+                        self._loop.call_soon_threadsafe(lambda n=name: self.spawn(self._on_gone(n)))
+            except Exception as exc:  # noqa: BLE001 - the engine went away; retry
+                log.warning("docker events stream broke (%s); reconnecting", exc)
+            first = False
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _on_gone(self, name: str) -> None:
+        row = await self.run(self.store.sandbox, name)
+        if row is None or row.state in ("deleting", "retained"):
+            return
+        if row.state == "creating":
+            self._failed.add(name)
+            return
+        try:
+            running = (await self.run(self.client.api.inspect_container, name))["State"]["Status"]
+        except Exception:  # noqa: BLE001
+            running = "gone"
+        if running in ("running", "paused"):
+            return
+        await self._lose(row, "the sandbox container exited")
+
+    async def _lose(self, row: SandboxRow, why: str) -> None:
+        if row.claim:
+            await self.run(self.store.update_claim, row.claim, phase="Failed", sandbox=None, message=why)
+            self._notify(row.claim)
+        await self.run(self.store.update_sandbox, row.name, state="deleting", claim=None)
+        await self._delete_sandbox(row.name)
+
+    async def resync(self, wake: bool = False) -> None:
+        """Rebuild the runtime's view from the engine (labelled containers) and the store; run at start and after
+        the engine came back. Containers without a row are orphans (removed); rows without a live container are
+        dropped (idle), fail their claim (claimed), or are restarted cold (a claim still Pending)."""
+        containers = {c.labels.get("corral.dev/sandbox", c.name): c
+                      for c in await self.run(engine.list_sandboxes, self.client, self.s.stack)}
+        rows = {r.name: r for r in await self.run(self.store.sandboxes)}
+        for name, c in containers.items():
+            if name not in rows:
+                await self.run(engine.remove, self.client, c.id, op="remove")
+        for row in rows.values():
+            c = containers.get(row.name)
+            alive = c is not None and c.status in ("running", "paused")
+            if row.state in ("deleting", "releasing") or (row.state == "creating" and row.claim is None):
+                await self.run(engine.remove, self.client, row.name, op="remove")
+                await self.run(self.store.remove_sandbox, row.name)
+            elif row.state == "creating":  # a cold start cut short: start it again
+                await self.run(engine.remove, self.client, row.name, op="remove")
+                await self.run(self.store.remove_sandbox, row.name)
+            elif not alive:
+                if row.state == "retained":
+                    await self.run(self.store.remove_sandbox, row.name)
+                else:
+                    await self._lose(row, "the sandbox container is gone (engine restarted or removed)")
+        for c in await self.run(self.store.claims, phases=("Pending",)):
+            if c.sandbox and await self.run(self.store.sandbox, c.sandbox):
+                continue
+            self._restart_cold(c)
+        self._arm_deadlines()
+        if wake:
+            self.wake()
+
+    def _restart_cold(self, c: ClaimRow) -> None:
+        found = self.desired.pool(c.pool)
+        if found is None:
+            self.spawn(self._fail(c.name, f"pool {c.pool} no longer exists"))
+            return
+        kind, spec = found
+        tmpl = self.desired.template(spec.template)
+        row = SandboxRow(name=f"corral-{self.s.stack}-{c.pool}-{secrets.token_hex(3)}", template=tmpl.name,
+                         state="creating", created=now(), pool=c.pool, pool_kind=kind, hash=tmpl.blueprint_hash(),
+                         image=c.snapshot or tmpl.image, claim=c.name, launch_type="cold")
+        self.store.bind_cold(c.name, row)
+        self._waiters.setdefault(c.name, asyncio.Event())
+        self.spawn(self._cold_start(c.name, row, tmpl, time.monotonic()))
+
+    async def _fail(self, claim: str, why: str) -> None:
+        await self.run(self.store.update_claim, claim, phase="Failed", message=why)
+        self._notify(claim)
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task failed", exc_info=task.exception())

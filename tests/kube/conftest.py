@@ -1,0 +1,104 @@
+"""kube tier: the operator as a real process against the local control plane."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
+TOKEN_SECRET = "corral-kube-tests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    """`python -m corral.operator --standalone`, logging to a file; metrics scraped from its Prometheus port."""
+
+    def __init__(self, kubeconfig: str, log_dir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_dir = log_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"operator-{self.runs}.log"
+
+    def start(self) -> None:
+        self.runs += 1
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "CORRAL_TOKEN_SECRET": TOKEN_SECRET,
+               "CORRAL_METRICS_PORT": str(self.port), "CORRAL_NAMESPACE": "corral-system",
+               "CORRAL_EXECD_IMAGE": "corral/execd:test"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "corral.operator", "--standalone"], env=env,
+                                     stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=1)
+                return
+            except httpx.TransportError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"operator exited: {self.log_path.read_text()[-3000:]}")
+                assert time.monotonic() < deadline, "operator metrics did not come up"
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of the operator's /metrics as {'name{labels}': value}."""
+        out: dict[str, float] = {}
+        for line in httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def api_calls(self, verbs: set[str] | None = None) -> float:
+        return sum(v for k, v in self.metrics().items()
+                   if k.startswith("corral_api_requests_total")
+                   and (verbs is None or any(f'verb="{verb}"' in k for verb in verbs)))
+
+    def log(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+@pytest.fixture(scope="session")
+def operator(kube_cluster, corral_crds, tmp_path_factory):
+    op = OperatorProcess(kube_cluster.kubeconfig, tmp_path_factory.mktemp("operator"))
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def ns(kube):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.create(Namespace(metadata=ObjectMeta(name=name)))
+    yield name
+    kube.delete(Namespace, name)

@@ -1,0 +1,65 @@
+"""Helpers for kube-tier tests: Corral's resources for lightkube, object builders and polling."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lightkube.generic_resource import create_namespaced_resource
+
+SandboxTemplate = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxTemplate", "sandboxtemplates")
+Sandbox = create_namespaced_resource("corral.dev", "v1alpha1", "Sandbox", "sandboxes")
+WarmPool = create_namespaced_resource("corral.dev", "v1alpha1", "WarmPool", "warmpools")
+Pool = create_namespaced_resource("corral.dev", "v1alpha1", "Pool", "pools")
+SandboxClaim = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxClaim", "sandboxclaims")
+
+POD_SPEC = {"containers": [{"name": "sandbox", "image": "corral/python:bookworm", "command": ["sleep", "infinity"]}]}
+
+
+def template(name: str, *, env_policy: str = "Disallowed", memory: str = "128Mi", **spec: Any):
+    pod = {"containers": [{**POD_SPEC["containers"][0],
+                           "resources": {"limits": {"memory": memory}}}]}
+    return SandboxTemplate.from_dict({"metadata": {"name": name}, "spec": {
+        "podTemplate": {"spec": pod}, "envVarsInjectionPolicy": env_policy, **spec}})
+
+
+def warm_pool(name: str, tpl: str, replicas: int, **spec: Any):
+    return WarmPool.from_dict({"metadata": {"name": name},
+                               "spec": {"replicas": replicas, "templateRef": {"name": tpl}, **spec}})
+
+
+def pool(name: str, tpl: str, **spec: Any):
+    return Pool.from_dict({"metadata": {"name": name}, "spec": {"templateRef": {"name": tpl}, **spec}})
+
+
+def claim(name: str, pool_name: str, kind: str = "WarmPool", **spec: Any):
+    return SandboxClaim.from_dict({"metadata": {"name": name},
+                                   "spec": {"poolRef": {"kind": kind, "name": pool_name}, **spec}})
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.25, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last: {last!r}")
+        time.sleep(interval)
+
+
+def status(obj: Any) -> dict[str, Any]:
+    return dict(obj.get("status") or {}) if isinstance(obj, dict) else dict(obj.status or {})
+
+
+def idle_ready(kube, ns: str, pool_name: str) -> list[Any]:
+    out = []
+    for s in kube.list(Sandbox, namespace=ns, labels={"corral.dev/pool": pool_name}):
+        labels = s.metadata.labels or {}
+        st = status(s)
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        if "corral.dev/claim" not in labels and ready and not s.metadata.deletionTimestamp:
+            out.append(s)
+    return out
