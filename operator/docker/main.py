@@ -58,6 +58,7 @@ def _execd_bundle() -> tuple[str, str]:
 async def serve() -> None:
     logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     pools_file = _env("CORRAL_POOLS_FILE")
     desired = spec.load(pools_file)
     stack = os.environ.get("CORRAL_STACK", desired.stack)
