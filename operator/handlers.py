@@ -66,6 +66,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.WARNING  # no Kubernetes Events for routine logs (they would be API writes)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # no "handler succeeded" line per watch event
+    for noisy in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)  # no line per API request
     settings.watching.server_timeout = 600
     settings.batching.worker_limit = 256
     context = Context(settings=config, kube=Kube.from_env(config.kubeconfig), cache=Cache())

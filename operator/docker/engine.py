@@ -204,7 +204,9 @@ def commit(client: docker.DockerClient, ref: str, *, stack: str, tag: str, env: 
     """Snapshot: commit the container's filesystem (not its volumes, so not execd) to a local image. The token
     is kept out of the image's config."""
     repo = f"{SNAPSHOT_REPO}/{stack}"
-    conf = {"Env": [f"{k}={v}" for k, v in env.items()], "Labels": {**labels, **stack_labels(stack, "snapshot")}}
+    # Docker merges the given Env with the container's by key, so the token is overwritten rather than left out.
+    clean = {**env, "CORRAL_EXECD_TOKEN": ""}
+    conf = {"Env": [f"{k}={v}" for k, v in clean.items()], "Labels": {**labels, **stack_labels(stack, "snapshot")}}
     image = client.containers.get(ref).commit(repository=repo, tag=tag, conf=conf, pause=True)
     return {"image": f"{repo}:{tag}", "id": image.id}
 

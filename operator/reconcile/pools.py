@@ -33,10 +33,11 @@ async def _fail_status(ctx: Context, kind: str, body: dict[str, Any], reason: st
         await ctx.kube.patch(kind, meta["name"], meta["namespace"], {"status": desired}, status=True)
 
 
-async def run_batches(n: int, make: Any, cap: int) -> tuple[int, Exception | None]:
+async def run_batches(n: int, make: Any, cap: int, label: str = "") -> tuple[int, Exception | None]:
     """Run `make()` n times in slow-start batches (1, 2, 4, ...). Stops at the first batch with an error."""
     done = 0
     for size in slow_start(n, cap):
+        log.info("%s: create batch of %d", label, size)
         results = await asyncio.gather(*(make() for _ in range(size)), return_exceptions=True)
         errors = [r for r in results if isinstance(r, Exception)]
         done += size - len(errors)
@@ -114,7 +115,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     if plan.create and error is None:
         log.info("warmpool %s/%s: creating %d", ns, name, plan.create)
         _, error = await run_batches(plan.create, lambda: _create_member(ctx, "WarmPool", body, template, bp_hash),
-                                     ctx.settings.max_batch)
+                                     ctx.settings.max_batch, f"warmpool {ns}/{name}")
 
     # Wake up when an unready sandbox would pass its readiness grace.
     unready = [m.created + spec.readiness_grace_seconds for m in idle if not m.ready]
@@ -179,7 +180,7 @@ async def reconcile_pool(ctx: Context, ns: str, name: str) -> None:
     if plan.create:
         log.info("pool %s/%s: creating %d", ns, name, plan.create)
         _, error = await run_batches(plan.create, lambda: _create_member(ctx, "Pool", body, template, bp_hash),
-                                     ctx.settings.max_batch)
+                                     ctx.settings.max_batch, f"pool {ns}/{name}")
     status = body.get("status") or {}
     gen = body["metadata"].get("generation")
     kept_idle = [m for m in idle if m not in plan.delete]

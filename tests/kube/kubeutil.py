@@ -38,7 +38,8 @@ def claim(name: str, pool_name: str, kind: str = "WarmPool", **spec: Any):
                                    "spec": {"poolRef": {"kind": kind, "name": pool_name}, **spec}})
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.25, what: str = "") -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.25, what: str = "",
+               dump: Callable[[], Any] | None = None) -> Any:
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -46,7 +47,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60, interval: floa
         if last:
             return last
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last: {last!r}")
+            extra = f"\nstate: {dump()}" if dump else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last: {last!r}{extra}")
         time.sleep(interval)
 
 
