@@ -63,6 +63,7 @@ class DockerRuntime:
         self._waiters: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task] = set()
         self._failed: set[str] = set()               # sandboxes whose container died while starting
+        self._restarting: set[str] = set()           # recycled by restart: their die event is expected
         self._deadline = asyncio.Event()
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -413,7 +414,11 @@ class DockerRuntime:
             pass
         port = self._port(row)
         if strategy == "Restart":
-            attrs = await self.run(engine.restart, self.client, row.name, op="restart")
+            self._restarting.add(row.name)
+            try:
+                attrs = await self.run(engine.restart, self.client, row.name, op="restart")
+            finally:
+                self._loop.call_later(5.0, self._restarting.discard, row.name)  # type: ignore[union-attr]
             tmpl = self.desired.template(row.template)
             addr = engine.address(attrs, tmpl.network, f"{port}/tcp")
             await self.run(self.store.update_sandbox, row.name, ip=addr["ip"], host_port=addr["host_port"])
@@ -519,7 +524,7 @@ class DockerRuntime:
 
     async def _on_gone(self, name: str) -> None:
         row = await self.run(self.store.sandbox, name)
-        if row is None or row.state in ("deleting", "retained"):
+        if row is None or row.state in ("deleting", "retained") or name in self._restarting:
             return
         if row.state == "creating":
             self._failed.add(name)
