@@ -28,6 +28,7 @@ have openssl || { apt-get update -qq && apt-get install -y -qq openssl >/dev/nul
 
 # 4. The execd bundle (a self-contained daemon injected into sandboxes).
 if [[ -x "$SCRIPTS_DIR/execd-bundle.sh" ]]; then "$SCRIPTS_DIR/execd-bundle.sh"; fi
+"$SCRIPTS_DIR/operator-image.sh" >/dev/null   # the Docker-mode operator image (corral/operator:<key>)
 
 # 5. Pulumi plugins where the CLI finds them without downloading.
 eval "$("$SCRIPTS_DIR/env.sh")"
