@@ -55,6 +55,11 @@ class KubernetesConfig(Model):
 class DockerConfig(Model):
     host: str | None = Field(default=None, description="Docker Engine address (default: $DOCKER_HOST or the local socket).")
     api_port: int = Field(default=7780, ge=1024, le=65535, description="Claims API port, published on 127.0.0.1.")
+    internal_networks: list[Name] = Field(
+        default_factory=list, description="Templates whose sandboxes get an internal network (no route out).")
+    operator_image: str | None = Field(
+        default=None, description="Operator image (default: corral/operator:<key>, built by scripts/operator-image.sh).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Operator log level.")
 
 
 class StackConfig(Model):
@@ -73,6 +78,9 @@ class StackConfig(Model):
         pool_names = [p.name for p in self.warm_pools] + [p.name for p in self.pools]
         if dupes := sorted({n for n in pool_names if pool_names.count(n) > 1}):
             raise ValueError(f"corral:warmPools/pools: duplicate name(s) {', '.join(dupes)}")
+        for i, t in enumerate(self.docker.internal_networks):
+            if t not in names:
+                raise ValueError(f"corral:docker.internalNetworks[{i}]: no template named {t!r} in corral:templates")
         for key, items in (("warmPools", self.warm_pools), ("pools", self.pools)):
             for i, p in enumerate(items):
                 if p.template not in names:

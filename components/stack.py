@@ -10,6 +10,7 @@ import pulumi_kubernetes as k8s
 from . import catalogue
 from .config import StackConfig
 from .crds import CorralCRDs
+from .docker_stack import DockerStack, DockerStackArgs
 from .resources import Pool, PoolArgs, SandboxTemplate, SandboxTemplateArgs, WarmPool, WarmPoolArgs
 
 
@@ -85,13 +86,35 @@ def build_kubernetes(config: StackConfig) -> dict[str, pulumi.Input]:
 
 
 def build_docker(config: StackConfig) -> dict[str, pulumi.Input]:
-    # The DockerStack component (operator container, networks, pools file) is not built yet. Until it is, the local
-    # stack validates its templates and pools and reports what it would run, and creates nothing.
-    rendered = {t.name: catalogue.render(t.catalogue, t.params).to_k8s() for t in config.templates}
-    pulumi.log.warn("mode docker: the DockerStack component is not built yet; nothing is started on the Docker host")
+    """The local Docker host: the DockerStack component (networks, the operator image and container with the
+    Docker socket and its state volume, the pools file from the templates and pools of the config)."""
+    dc = config.docker
+    templates = {t.name: catalogue.render(t.catalogue, t.params).to_k8s() for t in config.templates}
+    stack = DockerStack(
+        "corral",
+        DockerStackArgs(
+            stack=pulumi.get_stack(),
+            templates=templates,
+            warm_pools=[{"name": p.name, "template": p.template, "replicas": p.replicas,
+                         "update_strategy": p.update_strategy} for p in config.warm_pools],
+            pools=[{"name": p.name, "template": p.template, "buffer_min": p.capacity.buffer_min,
+                    "buffer_max": p.capacity.buffer_max, "pool_min": p.capacity.pool_min,
+                    "pool_max": p.capacity.pool_max, "recycle_strategy": p.recycle_strategy,
+                    "max_unavailable": p.max_unavailable} for p in config.pools],
+            api_port=dc.api_port,
+            host=dc.host,
+            internal_networks=list(dc.internal_networks),
+            operator_image=dc.operator_image,
+            log_level=dc.log_level,
+        ),
+    )
     return {
         "mode": "docker",
-        "templates": sorted(rendered),
+        "apiUrl": stack.api_url,
+        "apiToken": stack.api_token,
+        "operatorImage": stack.operator_image,
+        "networks": stack.networks,
+        "templates": sorted(templates),
         "warmPools": {p.name: {"template": p.template, "replicas": p.replicas} for p in config.warm_pools},
         "pools": {p.name: {"template": p.template, **p.capacity.to_k8s()} for p in config.pools},
     }

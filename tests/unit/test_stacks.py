@@ -1,5 +1,6 @@
 """Every stack file parses into the typed config, bad keys are named, and each stack's program builds under mocks."""
 
+import json
 from pathlib import Path
 
 import pulumi
@@ -111,6 +112,28 @@ def test_prod_stack_program_builds_with_an_explicit_provider():
 
 def test_local_stack_program_builds():
     cfg = parse_stack_config(stack_config(REPO / "stacks/Pulumi.local.yaml"))
-    exports = build(cfg)
-    assert exports["mode"] == "docker"
-    assert exports["warmPools"] == {"python": {"template": "python", "replicas": 2}}
+    run_program(cfg)
+    (component,) = mocks.of_type("corral:index:DockerStack")
+    dynamic = mocks.of_type("pulumi-python:dynamic:Resource")
+    names = {r.name for r in dynamic}
+    assert {"corral-operator", "corral-operator-image", "corral-state", "corral-pools-file", "corral-sweeper",
+            "corral-api-token"} <= names
+    assert {f"corral-net-{t.name}" for t in cfg.templates} <= names
+    (operator,) = [r for r in dynamic if r.name == "corral-operator"]
+    assert operator.inputs["api_port"] == cfg.docker.api_port
+    assert operator.inputs["image"].startswith("corral/operator:")
+    (pools_file,) = [r for r in dynamic if r.name == "corral-pools-file"]
+    desired = json.loads(pools_file.inputs["content"])
+    assert [(p["name"], p["replicas"]) for p in desired["warm_pools"]] == [("python", 2)]
+    assert [t["name"] for t in desired["templates"]] == [t.name for t in cfg.templates]
+    assert all(t["user"] != "0:0" and t["pids_limit"] > 0 for t in desired["templates"])
+
+
+def test_docker_config_knows_internal_networks():
+    cfg = parse_stack_config({"corral:templates": '[{"name": "shell", "catalogue": "shell"}]',
+                              "corral:docker": '{"apiPort": 7781, "internalNetworks": ["shell"]}'})
+    assert cfg.docker.internal_networks == ["shell"]
+    with pytest.raises(ConfigError, match="internalNetworks"):
+        parse_stack_config({"corral:docker": '{"internalNetworks": ["nope"]}'})
+    with pytest.raises(ConfigError, match="corral:docker.bogus"):
+        parse_stack_config({"corral:docker": '{"bogus": 1}'})
