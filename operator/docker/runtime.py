@@ -292,8 +292,8 @@ class DockerRuntime:
                               state="creating", created=now(), pool=req.pool, pool_kind=kind,
                               hash=tmpl.blueprint_hash(), image=req.snapshot or tmpl.image)
 
-        allow_cold = kind == "WarmPool" or self._pool_has_room(spec)
-        claim, sandbox, new = await self.run(self.store.adopt, row, order, cold if allow_cold else None)
+        limit = spec.pool_max if isinstance(spec, PoolSpec) else None
+        claim, sandbox, new = await self.run(self.store.adopt, row, order, cold, limit)
         if not new:
             return await self._wait(claim.name, req.timeout_seconds)
         if sandbox is None:
@@ -307,10 +307,6 @@ class DockerRuntime:
             return self.to_api(await self._claim(claim.name))
         self.spawn(self._cold_start(claim.name, sandbox, tmpl, t0))
         return await self._wait(claim.name, req.timeout_seconds)
-
-    def _pool_has_room(self, spec: Any) -> bool:
-        rows = self.store.sandboxes(pool=spec.name)
-        return len(rows) < spec.pool_max
 
     async def _warm_ready(self, claim: ClaimRow, sandbox: SandboxRow, t0: float) -> None:
         if claim.env:

@@ -212,12 +212,14 @@ class Store:
             db.execute("UPDATE sandboxes SET claim=NULL WHERE claim=?", (name,))
 
     def adopt(self, claim: ClaimRow, order: Callable[[list[Member]], list[Member]],
-              cold: Callable[[], SandboxRow] | None) -> tuple[ClaimRow, SandboxRow | None, bool]:
+              cold: Callable[[], SandboxRow] | None, cold_limit: int | None = None,
+              ) -> tuple[ClaimRow, SandboxRow | None, bool]:
         """Record a new claim and bind it to a sandbox, in one transaction.
 
         Warm: the first ready, idle member of the pool in `order(candidates)` is bound (UPDATE ... WHERE claim IS
         NULL, inside the write lock, so it can be nobody else's). Cold: when no candidate is left, `cold()` gives a
-        new `creating` sandbox row that is inserted already bound to the claim. Returns (claim, sandbox, created):
+        new `creating` sandbox row that is inserted already bound to the claim, unless the pool already has
+        `cold_limit` sandboxes (a Pool's poolMax, counted in the same transaction). Returns (claim, sandbox, created):
         `created` is False when a claim of that name already existed (an idempotent retry), which is returned as is.
         """
         with self.tx() as db:
@@ -239,6 +241,10 @@ class Store:
                         chosen.claim, chosen.launch_type = claim.name, "warm"
                         claim.launch_type = "warm"
                         break
+            if chosen is None and cold is not None and cold_limit is not None:
+                total = db.execute("SELECT count(*) FROM sandboxes WHERE pool=?", (claim.pool,)).fetchone()[0]
+                if total >= cold_limit:
+                    cold = None
             if chosen is None and cold is not None:
                 chosen = cold()
                 chosen.claim, chosen.launch_type = claim.name, "cold"

@@ -10,32 +10,10 @@ from collections import Counter
 import httpx
 import pytest
 
+from operator_harness import claim, wait_ready
+
 pytestmark = pytest.mark.docker
 BURST_TIMEOUT = 600.0
-
-
-async def claim(client: httpx.AsyncClient, name: str, pool: str, *, retry_until: float | None = None) -> dict:
-    """POST a claim by name; with retry_until, retry connection failures (the operator is down) with the same
-    name, which is idempotent."""
-    while True:
-        try:
-            r = await client.post("/v1/claims", json={"pool": pool, "name": name, "timeoutSeconds": 300})
-            if r.status_code in (201, 202):
-                return r.json()
-            raise AssertionError(f"{name}: {r.status_code} {r.text}")
-        except httpx.TransportError:
-            if retry_until is None or time.monotonic() > retry_until:
-                raise
-            await asyncio.sleep(0.2)
-
-
-async def wait_ready(client: httpx.AsyncClient, name: str, deadline: float) -> dict:
-    while True:
-        c = (await client.get(f"/v1/claims/{name}")).json()
-        if c["phase"] != "Pending":
-            return c
-        assert time.monotonic() < deadline, c
-        await asyncio.sleep(0.2)
 
 
 async def test_100_concurrent_claims_against_a_warm_pool_of_20(make_operator):
