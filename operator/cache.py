@@ -148,6 +148,18 @@ class Cache:
                             out.append((kind, key[1]))
         return out
 
+    def claims_for(self, ns: str, kind: str, pool: str) -> list[dict[str, Any]]:
+        idx = self._idx.get("claims_idx") or {}
+        out = []
+        for key in list(idx):
+            if key[0] != ns:
+                continue
+            for body in idx[key]:
+                ref = (body.get("spec") or {}).get("poolRef") or {}
+                if ref.get("name") == pool and ref.get("kind", "WarmPool") == kind:
+                    out.append(body)
+        return out
+
     def count(self, index: str) -> int:
         idx = self._idx.get(index) or {}
         return sum(len(idx[k]) for k in list(idx))

@@ -38,6 +38,9 @@ RECONCILERS = {
 }
 
 
+PRIORITY = {"SandboxClaim": 0, "Sandbox": 1, "WarmPool": 2, "Pool": 2, "SandboxTemplate": 3}
+
+
 def ctx() -> Context:
     return STATE["ctx"]
 
@@ -71,7 +74,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 600
     settings.batching.worker_limit = 256
     context = Context(settings=config, kube=Kube.from_env(config.kubeconfig), cache=Cache())
-    context.queue = WorkQueue(dispatch, workers=config.workers)
+    context.queue = WorkQueue(dispatch, workers=config.workers, priority=lambda key: PRIORITY.get(key[0], 9))
     context.queue.start()
     STATE["ctx"] = context
     if config.metrics_port:

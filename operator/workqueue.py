@@ -2,7 +2,9 @@
 
 Watch events and deadline timers only *request* a reconcile of a key; a bounded pool of workers runs them. This is
 what keeps the operator exact (one reconcile per object at a time) and bounded (a burst of 1,000 events is at most
-`workers` concurrent reconciles), and idle when nothing changes (no timers but known deadlines).
+`workers` concurrent reconciles), and idle when nothing changes (no timers but known deadlines). Keys carry a
+priority: waiting claims go before sandboxes, sandboxes before pools, so a burst of claims is served before the
+pools start refilling.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ Key = Hashable
 
 class WorkQueue:
     def __init__(self, handler: Callable[[Key], Awaitable[None]], workers: int = 32,
-                 max_backoff: float = 60.0) -> None:
+                 max_backoff: float = 60.0, priority: Callable[[Key], int] = lambda key: 0) -> None:
         self._handler = handler
         self._workers_n = workers
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._priority = priority
+        self._seq = 0
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
         self._queued: set[Key] = set()
         self._running: set[Key] = set()
         self._dirty: set[Key] = set()
@@ -50,7 +54,8 @@ class WorkQueue:
         elif key not in self._queued:
             self._queued.add(key)
             self._idle.clear()
-            self._queue.put_nowait(key)
+            self._seq += 1
+            self._queue.put_nowait((self._priority(key), self._seq, key))
 
     def add_at(self, key: Key, when: float) -> None:
         """Request a reconcile of key at wall-clock time `when` (keeps only the earliest pending deadline)."""
@@ -76,7 +81,7 @@ class WorkQueue:
 
     async def _worker(self, index: int) -> None:
         while True:
-            key = await self._queue.get()
+            _, _, key = await self._queue.get()
             self._queued.discard(key)
             self._running.add(key)
             try:

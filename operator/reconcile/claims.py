@@ -162,6 +162,7 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
             await _bind(ctx, body, adopted, "Warm", pool_name, first)
             return
     await _cold(ctx, body, spec, kind, pool, template, tspec, bp_hash, env)
+    ctx.request(kind, ns, pool_name)  # the pool may have been waiting for this decision to refill
     ctx.request_at("SandboxClaim", ns, name, deadline)
 
 

@@ -112,6 +112,13 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     if plan.delete:
         log.info("warmpool %s/%s: deleting %d (%s)", ns, name, len(plan.delete), "; ".join(plan.reasons) or "surplus")
         _, error = await delete_batches(ctx, plan.delete, ctx.settings.max_batch)
+    undecided = _undecided_claims(ctx, ns, "WarmPool", name)
+    if plan.create and undecided:
+        # A burst of claims is decided (warm or cold) before the pool refills: the API server's capacity goes to the
+        # claims first, and a burst of N claims against R ready sandboxes gets exactly R warm. The last decision
+        # requests this pool again.
+        log.info("warmpool %s/%s: refill of %d waits for %d undecided claims", ns, name, plan.create, undecided)
+        plan.create = 0
     if plan.create and error is None:
         log.info("warmpool %s/%s: creating %d", ns, name, plan.create)
         _, error = await run_batches(plan.create, lambda: _create_member(ctx, "WarmPool", body, template, bp_hash),
@@ -143,6 +150,17 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
         await ctx.kube.patch("WarmPool", name, ns, {"status": desired}, status=True)
     if error is not None and status_code(error) not in (403, 422):
         raise error  # transient: retried with backoff by the queue
+
+
+def _undecided_claims(ctx: Context, ns: str, kind: str, name: str) -> int:
+    """Claims on this pool that have neither adopted a sandbox nor started a cold one yet."""
+    n = 0
+    for c in ctx.cache.claims_for(ns, kind, name):
+        claim = c["metadata"]["name"]
+        if ((c.get("status") or {}).get("phase") in (None, "Pending") and not c["metadata"].get("deletionTimestamp")
+                and (ns, claim) not in ctx.bound and ctx.cache.claim_sandbox(ns, claim) is None):
+            n += 1
+    return n
 
 
 async def reconcile_pool(ctx: Context, ns: str, name: str) -> None:

@@ -102,3 +102,56 @@ def ns(kube):
     kube.create(Namespace(metadata=ObjectMeta(name=name)))
     yield name
     kube.delete(Namespace, name)
+
+
+class PodExecd:
+    """A real execd process standing in for the one inside a fake (kwok) pod: bound to the pod's loopback IP and
+    port, with the token the operator derives for that sandbox."""
+
+    def __init__(self, endpoint: str, token: str, workdir: Path) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self.url = f"http://{endpoint}"
+        self.token = token
+        env = {**os.environ, "CORRAL_EXECD_HOST": host, "CORRAL_EXECD_PORT": port, "CORRAL_EXECD_TOKEN": token,
+               "CORRAL_EXECD_WORKSPACE": str(workdir)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "corral.execd"], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert self.proc.poll() is None, "execd exited"
+            assert time.monotonic() < deadline, "execd did not answer"
+            time.sleep(0.1)
+
+    def run(self, command: str) -> dict:
+        r = httpx.post(f"{self.url}/v1/command", json={"command": command}, timeout=30,
+                       headers={"Authorization": f"Bearer {self.token}"})
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def pod_execd(tmp_path):
+    """start(sandbox) -> a live execd at that sandbox's endpoint (stopped after the test)."""
+    from corral.operator.builders import execd_token
+
+    started: list[PodExecd] = []
+
+    def start(sandbox) -> PodExecd:
+        meta = sandbox.metadata
+        token = execd_token(TOKEN_SECRET.encode(), meta.namespace, meta.name, meta.uid)
+        d = PodExecd((sandbox.status or {})["endpoint"], token, tmp_path)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()

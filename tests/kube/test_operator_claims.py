@@ -1,0 +1,140 @@
+"""Claims: warm/cold under concurrency, env through execd, policies as conditions, the lifecycle."""
+
+import asyncio
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from lightkube import ApiError, AsyncClient, KubeConfig
+
+from kubeutil import Sandbox, SandboxClaim, claim, idle_ready, status, template, wait_until, warm_pool
+
+pytestmark = pytest.mark.kube
+
+
+def claim_status(kube, ns, name):
+    try:
+        return status(kube.get(SandboxClaim, name, namespace=ns))
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+
+
+def bound(kube, ns, name):
+    st = claim_status(kube, ns, name)
+    return st if st and st.get("phase") == "Bound" else None
+
+
+def wait_ready_pool(kube, ns, name, n, timeout=120):
+    wait_until(lambda: len(idle_ready(kube, ns, name)) == n, timeout, 0.5, f"{n} ready in {name}")
+
+
+async def create_all(kubeconfig, ns, objs):
+    """Create objects concurrently (one async client, all requests in flight at once)."""
+    client = AsyncClient(config=KubeConfig.from_file(kubeconfig), field_manager="corral-tests")
+    try:
+        await asyncio.gather(*(client.create(o, namespace=ns) for o in objs))
+    finally:
+        await client.close()
+
+
+def test_200_concurrent_claims_against_a_warm_pool_of_50(kube, kube_cluster, operator, ns):
+    kube.create(template("py"), namespace=ns)
+    kube.create(warm_pool("wp", "py", 50), namespace=ns)
+    wait_ready_pool(kube, ns, "wp", 50)
+    names = [f"c{i:03d}" for i in range(200)]
+    t0 = time.monotonic()
+    asyncio.run(create_all(kube_cluster.kubeconfig, ns, [claim(n, "wp") for n in names]))
+    burst = time.monotonic() - t0
+
+    def all_bound():
+        claims = {c.metadata.name: status(c) for c in kube.list(SandboxClaim, namespace=ns)}
+        return claims if all(claims.get(n, {}).get("phase") == "Bound" for n in names) else None
+
+    claims = wait_until(all_bound, 240, 1, "200 claims Bound")
+    launch = [c["launchType"] for c in claims.values()]
+    counts = {t: launch.count(t) for t in set(launch)}
+    assert launch.count("Warm") == 50 and launch.count("Cold") == 150, f"{counts}; the burst took {burst:.2f}s"
+    sandboxes = [c["sandbox"]["name"] for c in claims.values()]
+    assert len(set(sandboxes)) == 200, "a sandbox was bound twice"
+    owners = {s.metadata.name: (s.metadata.labels or {}).get("corral.dev/claim")
+              for s in kube.list(Sandbox, namespace=ns)}
+    for name, st in claims.items():
+        assert owners[st["sandbox"]["name"]] == name
+        assert st["sandbox"]["endpoint"].startswith("127.")
+
+
+def test_warm_claim_env_reaches_execd(kube, operator, ns, pod_execd):
+    kube.create(template("py", env_policy="Allowed"), namespace=ns)
+    kube.create(warm_pool("wp", "py", 1), namespace=ns)
+    wait_ready_pool(kube, ns, "wp", 1)
+    (sandbox,) = idle_ready(kube, ns, "wp")
+    execd = pod_execd(sandbox)
+    kube.create(claim("c", "wp", env=[{"name": "GREETING", "value": "hello from the claim"}]), namespace=ns)
+    st = wait_until(lambda: bound(kube, ns, "c"), 30, what="bound")
+    assert st["launchType"] == "Warm" and st["sandbox"]["name"] == sandbox.metadata.name
+    out = execd.run("echo $GREETING")
+    assert out["stdout"].strip() == "hello from the claim"
+
+
+def test_disallowed_env_is_a_condition_not_a_retry_storm(kube, operator, ns):
+    kube.create(template("py", env_policy="Disallowed"), namespace=ns)
+    kube.create(warm_pool("wp", "py", 1), namespace=ns)
+    wait_ready_pool(kube, ns, "wp", 1)
+    kube.create(claim("c", "wp", env=[{"name": "X", "value": "1"}]), namespace=ns)
+    st = wait_until(lambda: (s := claim_status(kube, ns, "c")) and s.get("phase") == "Failed" and s, 30)
+    failed = [c for c in st["conditions"] if c["type"] == "Failed"][0]
+    assert failed["reason"] == "EnvVarsNotAllowed" and "envVarsInjectionPolicy" in failed["message"]
+    rv = kube.get(SandboxClaim, "c", namespace=ns).metadata.resourceVersion
+    time.sleep(3)
+    assert kube.get(SandboxClaim, "c", namespace=ns).metadata.resourceVersion == rv, "the claim keeps changing"
+    assert operator.log().count(f"claim {ns}/c Failed: EnvVarsNotAllowed") == 1, "the failure was decided once"
+    assert len(idle_ready(kube, ns, "wp")) == 1, "the warm sandbox was not consumed"
+
+
+def shutdown_at(seconds):
+    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def sandbox_or_none(kube, ns, name):
+    try:
+        return kube.get(Sandbox, name, namespace=ns)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+
+
+@pytest.mark.parametrize("policy", ["Delete", "DeleteForeground", "Retain"])
+def test_shutdown_policies_and_ttl(kube, operator, ns, policy):
+    kube.create(template("py"), namespace=ns)
+    kube.create(warm_pool("wp", "py", 1), namespace=ns)
+    wait_ready_pool(kube, ns, "wp", 1)
+    kube.create(claim("c", "wp", lifecycle={"shutdownTime": shutdown_at(4), "shutdownPolicy": policy,
+                                            "ttlSecondsAfterFinished": 3}), namespace=ns)
+    st = wait_until(lambda: bound(kube, ns, "c"), 30, what="bound")
+    sandbox = st["sandbox"]["name"]
+    finished = wait_until(lambda: (s := claim_status(kube, ns, "c")) and s.get("phase") == "Finished" and s, 30,
+                          what="Finished at shutdownTime")
+    assert [c for c in finished["conditions"] if c["type"] == "Bound"][0]["reason"] == "ShutdownTime"
+    if policy == "Retain":
+        kept = sandbox_or_none(kube, ns, sandbox)
+        assert kept is not None and not kept.metadata.deletionTimestamp
+        assert "corral.dev/claim" not in (kept.metadata.labels or {}) and not kept.metadata.ownerReferences
+    else:
+        wait_until(lambda: sandbox_or_none(kube, ns, sandbox) is None, 30, what="sandbox deleted")
+    # ttlSecondsAfterFinished: the claim itself goes away.
+    wait_until(lambda: claim_status(kube, ns, "c") is None, 30, what="claim deleted after its TTL")
+    if policy == "Retain":
+        time.sleep(2)
+        assert sandbox_or_none(kube, ns, sandbox) is not None, "Retain: the sandbox outlives the claim"
+
+
+def test_claim_times_out_when_the_pool_does_not_exist(kube, operator, ns):
+    kube.create(claim("c", "missing", timeoutSeconds=3), namespace=ns)
+    pending = wait_until(lambda: (s := claim_status(kube, ns, "c")) and s.get("phase") and s, 10)
+    assert pending["phase"] == "Pending"
+    assert pending["conditions"][0]["reason"] == "PoolNotFound"
+    st = wait_until(lambda: (s := claim_status(kube, ns, "c")) and s.get("phase") == "Failed" and s, 20)
+    assert [c for c in st["conditions"] if c["type"] == "Failed"][0]["reason"] == "Timeout"
