@@ -3,6 +3,7 @@ expectations that bridge the gap between our own writes and the watch events tha
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import time
@@ -74,6 +75,11 @@ class Context:
     # claim key -> when the operator first saw it pending (claim latency starts here)
     first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     _http: httpx.AsyncClient | None = None
+    # one lock per Pool: its capacity check and creates (refill or a claim's cold start) never interleave
+    _pool_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def pool_lock(self, ns: str, name: str) -> asyncio.Lock:
+        return self._pool_locks.setdefault((ns, name), asyncio.Lock())
 
     def http(self) -> httpx.AsyncClient:
         """One pooled HTTP client for talking to sandboxes' execd."""

@@ -121,7 +121,11 @@ class DockerRuntime:
     async def _ensure_infrastructure(self) -> None:
         for t in self.desired.templates:
             await self.run(engine.ensure_network, self.client, t.network, internal=t.internal, stack=self.s.stack)
-        helper = self.desired.templates[0].image if self.desired.templates else "corral/base:bookworm"
+        images = [t.image for t in self.desired.templates] or ["corral/base:bookworm"]
+        present = [i for i in images if await self.run(engine.image_exists, self.client, i)]
+        if not present:  # nothing could start anyway; say which images are missing instead of crash-looping
+            log.error("none of the template images is on the engine: %s", ", ".join(sorted(set(images))))
+        helper = (present or images)[0]
         self.execd_volume = await self.run(engine.ensure_execd_volume, self.client, stack=self.s.stack,
                                            key=self.s.execd_key, tar_path=self.s.execd_tar, helper_image=helper)
 

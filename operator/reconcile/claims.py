@@ -244,11 +244,32 @@ async def _cold(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, kind
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     if kind == "Pool":
-        cap = pool["spec"].get("capacity") or {}
-        members = ctx.cache.members(ns, "Pool", pool["metadata"]["name"])
-        if len(members) >= int(cap.get("poolMax", 10)):
-            await _waiting(ctx, body, "PoolExhausted", f"Pool {pool['metadata']['name']} is at poolMax; waiting")
-            return
+        async with ctx.pool_lock(ns, pool["metadata"]["name"]):
+            await _cold_in_pool(ctx, body, spec, pool, template, tspec, bp_hash, env)
+        return
+    await _cold_create(ctx, body, spec, kind, pool, template, tspec, bp_hash, env)
+
+
+async def _cold_in_pool(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, pool: dict[str, Any],
+                        template: dict[str, Any], tspec: SandboxTemplateSpec, bp_hash: str,
+                        env: list[dict[str, str]]) -> None:
+    """A cold start inside a Pool counts against poolMax, including creates not yet seen in the cache."""
+    ns, pool_name = pool["metadata"]["namespace"], pool["metadata"]["name"]
+    members = ctx.cache.members(ns, "Pool", pool_name)
+    in_flight = ctx.creates.outstanding(("Pool", ns, pool_name), {m.name for m in members})
+    pool_max = int((pool["spec"].get("capacity") or {}).get("poolMax", 10))
+    if len(members) + in_flight >= pool_max:
+        await _waiting(ctx, body, "PoolExhausted", f"Pool {pool_name} is at poolMax ({pool_max}); waiting")
+        return
+    created = await _cold_create(ctx, body, spec, "Pool", pool, template, tspec, bp_hash, env)
+    ctx.creates.expect(("Pool", ns, pool_name), created)
+
+
+async def _cold_create(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, kind: str, pool: dict[str, Any],
+                       template: dict[str, Any], tspec: SandboxTemplateSpec, bp_hash: str,
+                       env: list[dict[str, str]]) -> str:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
     blueprint = copy.deepcopy(template["spec"])
     pod_template = blueprint["podTemplate"]
     main = pod_template["spec"]["containers"][0]
@@ -277,6 +298,7 @@ async def _cold(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, kind
                                 labels=labels, owner=owner, annotations={A_LAUNCH: "Cold"})
     await ignore({409}, ctx.kube.create(manifest))
     ctx.bound[(ns, name)] = sandbox_name
+    return sandbox_name
 
 
 async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, sandbox: Member | None,

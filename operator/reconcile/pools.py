@@ -164,6 +164,11 @@ def _undecided_claims(ctx: Context, ns: str, kind: str, name: str) -> int:
 
 
 async def reconcile_pool(ctx: Context, ns: str, name: str) -> None:
+    async with ctx.pool_lock(ns, name):
+        await _reconcile_pool(ctx, ns, name)
+
+
+async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
     body = ctx.cache.pool(ns, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
@@ -184,7 +189,8 @@ async def reconcile_pool(ctx: Context, ns: str, name: str) -> None:
             await recycle(ctx, m, spec.recycle_strategy)
     members = ctx.cache.members(ns, "Pool", name)
     idle = [m for m in members if not m.claim and not m.deleting and (ns, m.name) not in ctx.reserved]
-    allocated = sum(1 for m in members if m.claim and not m.deleting)
+    # Adopted but not yet reported by the watch (reserved) counts as allocated, or poolMax could be overshot.
+    allocated = sum(1 for m in members if (m.claim or (ns, m.name) in ctx.reserved) and not m.deleting)
     terminating = sum(1 for m in members if m.deleting)
     expected = ctx.creates.outstanding(("Pool", ns, name), {m.name for m in members})
     cap = spec.capacity
@@ -215,6 +221,10 @@ async def reconcile_pool(ctx: Context, ns: str, name: str) -> None:
     _gauges(ns, name, cap.buffer_min, desired["available"], len(kept_idle), allocated)
     if differs(status, desired):
         await ctx.kube.patch("Pool", name, ns, {"status": desired}, status=True)
+    # Claims waiting for capacity (PoolExhausted) try again whenever the pool changes.
+    for c in ctx.cache.claims_for(ns, "Pool", name):
+        if (c.get("status") or {}).get("phase") == "Pending":
+            ctx.request("SandboxClaim", ns, c["metadata"]["name"])
     if error is not None and status_code(error) not in (403, 422):
         raise error
 
