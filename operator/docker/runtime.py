@@ -26,11 +26,13 @@ from corral.operator.api import (
     Claim, ClaimRequest, Conflict, ExecdTarget, Invalid, NotFound, Snapshot, SnapshotRequest, Unavailable,
 )
 from corral.operator.api.models import SandboxRef
-from corral.operator.planning import MAX_BATCH, Member, adoption_order, plan_pool, plan_warm_pool
+from corral.operator.planning import Member, adoption_order
 
 from . import engine
-from .metrics import CLAIM_SECONDS, CLAIMS, DOCKER_CALLS, POOL, RECONCILES, SANDBOX_START
-from .spec import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, PoolSpec, WarmPoolSpec
+from .metrics import CLAIM_SECONDS, CLAIMS, DOCKER_CALLS
+from .pools import PoolsMixin
+from .recovery import RecoveryMixin
+from .spec import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, PoolSpec
 from .store import ClaimRow, SandboxRow, Store, now
 
 log = logging.getLogger("corral.operator.docker")
@@ -49,7 +51,7 @@ class Settings:
     threads: int = 48
 
 
-class DockerRuntime:
+class DockerRuntime(PoolsMixin, RecoveryMixin):
     def __init__(self, settings: Settings, desired: DesiredState, store: Store, client: Any):
         self.s, self.desired, self.store, self.client = settings, desired, store, client
         self.secret = bytes.fromhex(store.meta("token-secret", lambda: secrets.token_hex(32)))
@@ -144,118 +146,6 @@ class DockerRuntime:
                 self._wake[name] = asyncio.Event()
                 self._wake[name].set()
                 self._workers[name] = asyncio.get_running_loop().create_task(self._pool_worker(name))
-
-    # --- pools ------------------------------------------------------------------------------------------------------
-    def _plan(self, pool: str):
-        found = self.desired.pool(pool)
-        rows = self.store.sandboxes(pool=pool)
-        idle = [r.member() for r in rows if r.claim is None and r.state in ("creating", "ready")]
-        allocated = sum(1 for r in rows if r.claim is not None or r.state == "releasing")
-        terminating = sum(1 for r in rows if r.state == "deleting")
-        POOL.labels(pool, "idle_ready").set(sum(1 for m in idle if m.ready))
-        POOL.labels(pool, "idle_starting").set(sum(1 for m in idle if not m.ready))
-        POOL.labels(pool, "claimed").set(allocated)
-        RECONCILES.labels(pool).inc()
-        if found is None:  # removed from the pools file: drain what is idle
-            return plan_warm_pool(replicas=0, idle=idle, current_hash=None, strategy="OnReplenish",
-                                  expected_creates=0, now=now(), readiness_grace=self.s.readiness_grace), None
-        kind, spec = found
-        tmpl = self.desired.template(spec.template)
-        if isinstance(spec, WarmPoolSpec):
-            plan = plan_warm_pool(replicas=spec.replicas, idle=idle, current_hash=tmpl.blueprint_hash(),
-                                  strategy=spec.update_strategy, expected_creates=0, now=now(),
-                                  readiness_grace=self.s.readiness_grace)
-        else:
-            assert isinstance(spec, PoolSpec)
-            plan = plan_pool(buffer_min=spec.buffer_min, buffer_max=spec.buffer_max, pool_min=spec.pool_min,
-                             pool_max=spec.pool_max, max_unavailable=spec.max_unavailable, idle=idle,
-                             allocated=allocated, terminating=terminating, expected_creates=0,
-                             current_hash=tmpl.blueprint_hash())
-        return plan, (kind, tmpl)
-
-    async def _pool_worker(self, pool: str) -> None:
-        """One worker per pool: plan, act on one slow-start batch, re-plan; sleep until woken."""
-        ev, batch, failures = self._wake[pool], 1, 0
-        while True:
-            await ev.wait()
-            ev.clear()
-            while True:
-                plan, target = await self.run(self._plan, pool)
-                if not plan.create and not plan.delete:
-                    batch = 1
-                    break
-                for m in plan.delete[:max(batch, 1)]:
-                    await self.run(self.store.update_sandbox, m.name, state="deleting")
-                    self.spawn(self._delete_sandbox(m.name))
-                if plan.create and target:
-                    kind, tmpl = target
-                    n = min(plan.create, batch, MAX_BATCH)
-                    results = await asyncio.gather(*[self._create_idle(pool, kind, tmpl) for _ in range(n)],
-                                                   return_exceptions=True)
-                    errors = [r for r in results if isinstance(r, BaseException)]
-                    if errors:
-                        failures += 1
-                        delay = min(60.0, 2.0 ** failures)
-                        log.warning("pool %s: %d of %d creates failed (%s); retrying in %.0f s", pool, len(errors),
-                                    n, errors[0], delay)
-                        batch = 1
-                        await asyncio.sleep(delay)
-                        continue
-                    failures = 0
-                batch = min(batch * 2, MAX_BATCH)
-
-    async def _create_idle(self, pool: str, kind: str, tmpl: DockerTemplate) -> None:
-        row = SandboxRow(name=f"corral-{self.s.stack}-{pool}-{secrets.token_hex(3)}", template=tmpl.name,
-                         state="creating", created=now(), pool=pool, pool_kind=kind, hash=tmpl.blueprint_hash(),
-                         image=tmpl.image)
-        await self.run(self.store.add_sandbox, row)
-        async with self.pool_sem:
-            await self._start_sandbox(row, tmpl, {})
-        await self.run(self.store.update_sandbox, row.name, state="ready")
-
-    async def _start_sandbox(self, row: SandboxRow, tmpl: DockerTemplate, env: dict[str, str]) -> None:
-        """Create + start the container of a `creating` row and wait until its execd answers."""
-        t0 = time.monotonic()
-        if env:
-            tmpl = tmpl.model_copy(update={"env": {**tmpl.env, **env}})
-        try:
-            addr = await self.run(engine.create_sandbox, self.client, stack=self.s.stack, name=row.name, tmpl=tmpl,
-                                  image=row.image or tmpl.image, token=self.token(row.name),
-                                  execd_volume=self.execd_volume, pool=row.pool, pool_kind=row.pool_kind,
-                                  op="create")
-            await self.run(self.store.update_sandbox, row.name, container_id=addr["id"], ip=addr["ip"],
-                           host_port=addr["host_port"])
-            await self._wait_healthy(row.name, addr["ip"], tmpl.execd_port)
-        except BaseException:
-            await self.run(engine.remove, self.client, row.name, op="remove")
-            await self.run(self.store.remove_sandbox, row.name)
-            raise
-        SANDBOX_START.observe(time.monotonic() - t0)
-
-    async def _wait_healthy(self, name: str, ip: str | None, port: int) -> None:
-        if not ip:
-            raise RuntimeError(f"sandbox {name} has no IP address")
-        deadline = time.monotonic() + self.s.ready_timeout
-        while True:
-            try:
-                r = await self.http.get(f"http://{ip}:{port}/v1/health", timeout=2.0)
-                if r.status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if name in self._failed:
-                self._failed.discard(name)
-                raise RuntimeError(f"sandbox {name}: container exited while starting")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"sandbox {name}: execd not healthy after {self.s.ready_timeout:.0f} s")
-            await asyncio.sleep(0.03)
-
-    async def _delete_sandbox(self, name: str) -> None:
-        await self.run(engine.remove, self.client, name, op="remove")
-        row = await self.run(self.store.sandbox, name)
-        await self.run(self.store.remove_sandbox, name)
-        if row and row.pool:
-            self.wake(row.pool)
 
     # --- claims -----------------------------------------------------------------------------------------------------
     def to_api(self, c: ClaimRow) -> Claim:
@@ -492,108 +382,6 @@ class DockerRuntime:
                 await asyncio.wait_for(self._deadline.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
-
-    # --- engine events and recovery ---------------------------------------------------------------------------------
-    def _watch_events(self) -> None:
-        """Container die/destroy events of this stack's sandboxes; on a broken stream (dockerd restarted) reconnect
-        and resync everything from the engine and the store."""
-        backoff, first = 0.5, True
-        while not self._stopping.is_set():
-            try:
-                since = int(time.time())
-                if not first:
-                    self.client.ping()
-                    assert self._loop is not None
-                    asyncio.run_coroutine_threadsafe(self.resync(wake=True), self._loop).result(timeout=600)
-                first = False
-                stream = self.client.events(since=since, decode=True, filters={
-                    "type": "container", "event": ["die", "destroy", "oom"],
-                    "label": [f"{engine.L_STACK}={self.s.stack}", f"{engine.L_ROLE}=sandbox"]})
-                backoff = 0.5
-                for ev in stream:
-                    if self._stopping.is_set():
-                        return
-                    name = (ev.get("Actor") or {}).get("Attributes", {}).get("name")
-                    if name and self._loop:
-                        self._loop.call_soon_threadsafe(lambda n=name: self.spawn(self._on_gone(n)))
-            except Exception as exc:  # noqa: BLE001 - the engine went away; retry
-                log.warning("docker events stream broke (%s); reconnecting", exc)
-            first = False
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-
-    async def _on_gone(self, name: str) -> None:
-        row = await self.run(self.store.sandbox, name)
-        if row is None or row.state in ("deleting", "retained") or name in self._restarting:
-            return
-        if row.state == "creating":
-            self._failed.add(name)
-            return
-        try:
-            running = (await self.run(self.client.api.inspect_container, name))["State"]["Status"]
-        except Exception:  # noqa: BLE001
-            running = "gone"
-        if running in ("running", "paused"):
-            return
-        await self._lose(row, "the sandbox container exited")
-
-    async def _lose(self, row: SandboxRow, why: str) -> None:
-        if row.claim:
-            await self.run(self.store.update_claim, row.claim, phase="Failed", sandbox=None, message=why)
-            self._notify(row.claim)
-        await self.run(self.store.update_sandbox, row.name, state="deleting", claim=None)
-        await self._delete_sandbox(row.name)
-
-    async def resync(self, wake: bool = False) -> None:
-        """Rebuild the runtime's view from the engine (labelled containers) and the store; run at start and after
-        the engine came back. Containers without a row are orphans (removed); rows without a live container are
-        dropped (idle), fail their claim (claimed), or are restarted cold (a claim still Pending)."""
-        containers = {c.labels.get("corral.dev/sandbox", c.name): c
-                      for c in await self.run(engine.list_sandboxes, self.client, self.s.stack)}
-        rows = {r.name: r for r in await self.run(self.store.sandboxes)}
-        for name, c in containers.items():
-            if name not in rows:
-                await self.run(engine.remove, self.client, c.id, op="remove")
-        for row in rows.values():
-            c = containers.get(row.name)
-            alive = c is not None and c.status in ("running", "paused")
-            if row.state in ("deleting", "releasing") or (row.state == "creating" and row.claim is None):
-                await self.run(engine.remove, self.client, row.name, op="remove")
-                await self.run(self.store.remove_sandbox, row.name)
-            elif row.state == "creating":  # a cold start cut short: start it again
-                await self.run(engine.remove, self.client, row.name, op="remove")
-                await self.run(self.store.remove_sandbox, row.name)
-            elif not alive:
-                if row.state == "retained":
-                    await self.run(self.store.remove_sandbox, row.name)
-                else:
-                    await self._lose(row, "the sandbox container is gone (engine restarted or removed)")
-        for c in await self.run(self.store.claims, phases=("Pending",)):
-            if c.sandbox and await self.run(self.store.sandbox, c.sandbox):
-                continue
-            self._restart_cold(c)
-        self._arm_deadlines()
-        if wake:
-            self.wake()
-
-    def _restart_cold(self, c: ClaimRow) -> None:
-        found = self.desired.pool(c.pool)
-        if found is None:
-            self.spawn(self._fail(c.name, f"pool {c.pool} no longer exists"))
-            return
-        kind, spec = found
-        tmpl = self.desired.template(spec.template)
-        row = SandboxRow(name=f"corral-{self.s.stack}-{c.pool}-{secrets.token_hex(3)}", template=tmpl.name,
-                         state="creating", created=now(), pool=c.pool, pool_kind=kind, hash=tmpl.blueprint_hash(),
-                         image=c.snapshot or tmpl.image, claim=c.name, launch_type="cold")
-        self.store.bind_cold(c.name, row)
-        self._waiters.setdefault(c.name, asyncio.Event())
-        self.spawn(self._cold_start(c.name, row, tmpl, time.monotonic()))
-
-    async def _fail(self, claim: str, why: str) -> None:
-        await self.run(self.store.update_claim, claim, phase="Failed", message=why)
-        self._notify(claim)
-
 
 def _log_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:

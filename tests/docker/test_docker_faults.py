@@ -11,7 +11,6 @@ restarting that engine disturbs nobody else's containers:
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import shutil
 import signal
@@ -98,7 +97,9 @@ def private_engine(docker_client):
     finally:
         client.close()
         eng.stop()
-        subprocess.run(["umount", "-R", f"{eng.dir}/x"], capture_output=True)
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for mount in sorted((m for m in mounts if m.startswith(f"{eng.dir}/")), key=len, reverse=True):
+            subprocess.run(["umount", mount], capture_output=True)  # e.g. x/netns/default, left by dockerd
         shutil.rmtree(eng.dir, ignore_errors=True)
 
 

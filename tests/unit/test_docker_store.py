@@ -1,0 +1,130 @@
+"""The Docker runtime's pure parts: the SQLite store (adoption is one transaction: no double claim under threads,
+poolMax counted inside it, idempotent retries, releases never leave an adoptable sandbox) and the pools-file model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pydantic import ValidationError
+
+from corral.components import catalogue
+from corral.operator.docker.spec import DesiredState, PoolSpec, WarmPoolSpec, cpus, docker_template, memory_bytes
+from corral.operator.docker.store import ClaimRow, SandboxRow, Store, now
+from corral.operator.planning import adoption_order
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "corral.db")
+    yield s
+    s.close()
+
+
+def ready(store: Store, n: int, pool: str = "p") -> None:
+    for i in range(n):
+        store.add_sandbox(SandboxRow(name=f"{pool}-{i}", template="t", state="ready", created=now() + i, pool=pool,
+                                     pool_kind="WarmPool", hash="h"))
+
+
+def order(members):
+    return adoption_order(members, "h", set())
+
+
+def cold_row(i=[0]):  # noqa: B006 - a counter
+    i[0] += 1
+    return SandboxRow(name=f"cold-{i[0]}", template="t", state="creating", created=now(), pool="p",
+                      pool_kind="WarmPool", hash="h")
+
+
+def test_wal_mode(store):
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_concurrent_adoption_never_doubles(store):
+    ready(store, 5)
+    results, barrier = [], threading.Barrier(32)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        results.append(store.adopt(ClaimRow(name=f"c{i}", pool="p", pool_kind="WarmPool", phase="Pending",
+                                            created=now()), order, cold_row))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    kinds = sorted(c.launch_type for c, _, _ in results)
+    assert kinds.count("warm") == 5 and kinds.count("cold") == 27
+    sandboxes = [s.name for _, s, _ in results]
+    assert len(set(sandboxes)) == 32
+    rows = store.sandboxes(pool="p")
+    assert len(rows) == 32 and all(r.claim for r in rows)
+
+
+def test_retry_returns_the_existing_claim(store):
+    ready(store, 2)
+    c1, s1, new1 = store.adopt(ClaimRow(name="a", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                               order, cold_row)
+    c2, s2, new2 = store.adopt(ClaimRow(name="a", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                               order, cold_row)
+    assert new1 and not new2 and s1.name == s2.name and c2.launch_type == "warm"
+    assert len([r for r in store.sandboxes(pool="p") if r.claim]) == 1
+
+
+def test_pool_max_is_counted_inside_the_transaction(store):
+    ready(store, 1)
+    got = [store.adopt(ClaimRow(name=f"c{i}", pool="p", pool_kind="Pool", phase="Pending", created=now()), order,
+                       cold_row, 3)[1] for i in range(5)]
+    assert [s is not None for s in got] == [True, True, True, False, False]
+
+
+def test_release_never_leaves_an_adoptable_sandbox(store):
+    ready(store, 1)
+    store.adopt(ClaimRow(name="a", pool="p", pool_kind="WarmPool", phase="Ready", created=now()), order, None)
+    assert store.end_claim("a", expired=True, message="ttl") == "p-0"
+    (row,) = store.sandboxes(pool="p")
+    assert row.state == "releasing" and row.claim is None
+    assert store.claim("a").phase == "Expired"
+    c, s, _ = store.adopt(ClaimRow(name="b", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                          order, None)
+    assert s is None  # the releasing sandbox is not a candidate
+
+
+def test_finish_cold(store):
+    c, s, _ = store.adopt(ClaimRow(name="a", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                          order, cold_row)
+    assert s.state == "creating" and c.launch_type == "cold"
+    assert store.finish_cold("a", s.name, now())
+    assert store.claim("a").phase == "Ready" and store.sandbox(s.name).state == "ready"
+    c, s2, _ = store.adopt(ClaimRow(name="b", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                           order, cold_row)
+    store.end_claim("b", expired=False)
+    assert store.claim("b") is None and store.sandbox(s2.name).state == "creating"
+    assert not store.finish_cold("b", s2.name, now())
+    assert store.sandbox(s2.name).state == "releasing"
+
+
+def test_docker_template_from_the_catalogue():
+    t = docker_template("python", catalogue.render("python", {"memory": "1Gi"}).to_k8s(), network="n")
+    assert t.image == "corral/python:bookworm" and t.command == ["sleep", "infinity"]
+    assert t.memory_bytes == 2**30 and t.nano_cpus == 10**9 and t.cpu_shares == 256
+    assert t.user == "1000:1000" and t.env == {"PYTHONUNBUFFERED": "1"} and t.env_policy == "Allowed"
+    assert t.labels["corral.dev/catalogue"] == "python"
+    assert t.blueprint_hash() != docker_template("python", catalogue.render("python").to_k8s(),
+                                                 network="n").blueprint_hash()
+    assert memory_bytes("512Mi") == 512 * 2**20 and memory_bytes("1G") == 10**9 and cpus("250m") == 0.25
+
+
+def test_desired_state_checks_references():
+    t = docker_template("shell", catalogue.render("shell").to_k8s(), network="n")
+    with pytest.raises(ValidationError, match="unknown template"):
+        DesiredState(stack="s", templates=[t], warm_pools=[WarmPoolSpec(name="a", template="nope", replicas=1)])
+    with pytest.raises(ValidationError, match="used twice"):
+        DesiredState(stack="s", templates=[t], warm_pools=[WarmPoolSpec(name="a", template="shell", replicas=1)],
+                     pools=[PoolSpec(name="a", template="shell")])
+    with pytest.raises(ValidationError, match="bufferMin"):
+        PoolSpec(name="a", template="shell", buffer_min=3, buffer_max=1)
+    d = DesiredState(stack="s", templates=[t], warm_pools=[WarmPoolSpec(name="a", template="shell", replicas=1)])
+    assert DesiredState.model_validate_json(d.dump()) == d
