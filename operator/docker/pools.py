@@ -28,7 +28,7 @@ class PoolsMixin:
         found = self.desired.pool(pool)
         rows = self.store.sandboxes(pool=pool)
         idle = [r.member() for r in rows if r.claim is None and r.state in ("creating", "ready")]
-        allocated = sum(1 for r in rows if r.claim is not None or r.state == "releasing")
+        allocated = sum(1 for r in rows if r.claim is not None or r.state in ("releasing", "recycling"))
         terminating = sum(1 for r in rows if r.state == "deleting")
         POOL.labels(pool, "idle_ready").set(sum(1 for m in idle if m.ready))
         POOL.labels(pool, "idle_starting").set(sum(1 for m in idle if not m.ready))

@@ -47,7 +47,7 @@ class RecoveryMixin:
 
     async def _on_gone(self, name: str) -> None:
         row = await self.run(self.store.sandbox, name)
-        if row is None or row.state in ("deleting", "retained") or name in self._restarting:
+        if row is None or row.state in ("deleting", "retained", "recycling") or name in self._restarting:
             return
         if row.state == "creating":
             self._failed.add(name)
@@ -80,7 +80,7 @@ class RecoveryMixin:
         for row in rows.values():
             c = containers.get(row.name)
             alive = c is not None and c.status in ("running", "paused")
-            if row.state in ("deleting", "releasing") or (row.state == "creating" and row.claim is None):
+            if row.state in ("deleting", "releasing", "recycling") or (row.state == "creating" and row.claim is None):
                 await self.run(engine.remove, self.client, row.name, op="remove")
                 await self.run(self.store.remove_sandbox, row.name)
             elif row.state == "creating":  # a cold start cut short: start it again

@@ -297,7 +297,8 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         await self._delete_sandbox(name)
 
     async def _recycle(self, row: SandboxRow, strategy: str) -> None:
-        await self.run(self.store.update_sandbox, row.name, state="creating", claim=None, launch_type=None)
+        # `recycling` is neither idle nor claimable: the pool planner must not trim it while it restarts.
+        await self.run(self.store.update_sandbox, row.name, state="recycling", claim=None, launch_type=None)
         try:
             await self.run(engine.unpause, self.client, row.name)
         except Exception:  # noqa: BLE001 - not paused

@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   template TEXT NOT NULL,
   hash TEXT,
   image TEXT,
-  state TEXT NOT NULL,          -- creating | ready | releasing | deleting | retained
+  state TEXT NOT NULL,          -- creating | ready | releasing | recycling | deleting | retained
   claim TEXT UNIQUE,
   created REAL NOT NULL,
   ip TEXT,
