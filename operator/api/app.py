@@ -7,18 +7,20 @@
     POST   /v1/claims/{name}/renew            {ttlSeconds}
     POST   /v1/claims/{name}/pause | /resume
     POST   /v1/claims/{name}/snapshot         {tag?} -> {image, id}
-    ANY    /v1/claims/{name}/execd/{path}     proxied to the sandbox's execd (its token added; yours removed)
+    ANY    /v1/claims/{name}/execd/{path}     proxied to the sandbox's execd (its token added; yours removed);
+                                              WebSockets too (execd's PTY), same path
     GET    /v1/health, /metrics               no token
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
@@ -142,5 +144,62 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
         return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out_headers,
                                  background=BackgroundTask(resp.aclose))
+
+    @app.websocket("/v1/claims/{name}/execd/{path:path}")
+    async def proxy_socket(ws: WebSocket, name: str, path: str) -> None:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import ConnectionClosed
+        from starlette.websockets import WebSocketDisconnect
+
+        async def deny(status: int, code: str, message: str) -> None:
+            if "websocket.http.response" in ws.scope.get("extensions", {}):
+                await ws.send_denial_response(error(status, code, message))
+            else:
+                await ws.close(code=1008 if status == 401 else 1011)
+
+        if not hmac.compare_digest(ws.headers.get("authorization", "").encode(), expected):
+            return await deny(401, "unauthorized", "missing or wrong bearer token")
+        try:
+            target = await backend.execd_target(name)
+        except BackendError as exc:
+            return await deny(exc.status, exc.code, exc.message)
+        url = target.url.replace("http://", "ws://", 1) + "/" + path + (f"?{ws.url.query}" if ws.url.query else "")
+        protocols = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+        try:
+            upstream = await connect(url, additional_headers={"Authorization": f"Bearer {target.token}"},
+                                     subprotocols=protocols or None, max_size=None)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - refused, handshake rejected (e.g. 409 from execd), ...
+            status = getattr(getattr(exc, "response", None), "status_code", 502)
+            return await deny(status if 400 <= status < 600 else 502, "sandbox_websocket", str(exc))
+        await ws.accept(subprotocol=upstream.subprotocol)
+
+        async def client_to_upstream() -> None:
+            try:
+                while True:
+                    msg = await ws.receive()
+                    if msg["type"] == "websocket.disconnect":
+                        return
+                    await upstream.send(msg["bytes"] if msg.get("bytes") is not None else msg.get("text") or "")
+            except (WebSocketDisconnect, ConnectionClosed):
+                return
+
+        async def upstream_to_client() -> None:
+            try:
+                async for data in upstream:
+                    await (ws.send_bytes(data) if isinstance(data, bytes) else ws.send_text(data))
+            except (WebSocketDisconnect, ConnectionClosed, RuntimeError):
+                return
+
+        tasks = [asyncio.ensure_future(client_to_upstream()), asyncio.ensure_future(upstream_to_client())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await upstream.close()
+            try:
+                await ws.close()
+            except RuntimeError:
+                pass
 
     return app

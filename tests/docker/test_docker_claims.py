@@ -3,12 +3,13 @@ hardening, auth and the error shape, pause/resume, snapshot, TTL and renew, rele
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import pytest
 
-from corral.operator.docker.spec import PoolSpec
+from corral.operator.docker.spec import PoolSpec, WarmPoolSpec
 
 pytestmark = pytest.mark.docker
 
@@ -160,6 +161,16 @@ def test_pause_keeps_memory_and_snapshot_starts_a_new_sandbox_with_the_file(make
         assert restored["phase"] == "Ready" and restored["launchType"] == "cold", restored
         assert run(http, "restored", "cat /workspace/note.txt")["stdout"] == "snapshot-content\n"
         assert http.post("/v1/claims", json={"pool": "python", "snapshot": "nope:1"}).status_code == 400
+        # A pool can start from the snapshot too: a template whose image is the snapshot, added to the pools file
+        # (the operator reloads it on SIGHUP, as DockerStack makes it do).
+        desired = op.desired.model_copy(deep=True)
+        desired.templates.append(desired.template("python").model_copy(update={"name": "fromsnap", "image": image}))
+        desired.warm_pools.append(WarmPoolSpec(name="fromsnap", template="fromsnap", replicas=1))
+        op.reload(desired)
+        op.wait_idle("fromsnap", 1)
+        pooled = http.post("/v1/claims", json={"pool": "fromsnap"}).json()
+        assert pooled["launchType"] == "warm"
+        assert run(http, pooled["name"], "cat /workspace/note.txt")["stdout"] == "snapshot-content\n"
 
 
 def test_ttl_expiry_and_renew(make_operator):
@@ -209,3 +220,31 @@ def test_pool_recycles_by_strategy_and_respects_pool_max(make_operator):
         assert a.status_code == 201 and b.status_code == 201
         full = http.post("/v1/claims", json={"pool": "shell-noop"})
         assert full.status_code == 409 and full.json()["code"] == "conflict"
+
+
+async def test_pty_over_the_claims_api_websocket(make_operator):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    op = make_operator(warm={"shell": 1})
+    op.wait_idle("shell", 1)
+    async with httpx.AsyncClient(base_url=op.url, headers=op.headers, timeout=60) as http:
+        c = (await http.post("/v1/claims", json={"pool": "shell", "name": "term"})).json()
+        assert c["phase"] == "Ready"
+        pty = await http.post("/v1/claims/term/execd/v1/pty", json={"command": "sh", "cols": 80, "rows": 24})
+        assert pty.status_code in (200, 201), pty.text
+        ws_url = f"ws://127.0.0.1:{op.port}/v1/claims/term/execd/v1/pty/{pty.json()['id']}/ws"
+        try:
+            await connect(ws_url, open_timeout=30)
+            raise AssertionError("a WebSocket without the token was accepted")
+        except InvalidStatus as exc:
+            assert exc.response.status_code in (401, 403)
+        async with connect(ws_url, additional_headers=op.headers, open_timeout=30) as ws:
+            await ws.send(b"\x00echo hi-$((40+2))\n")
+            seen = b""
+            deadline = time.monotonic() + 30
+            while b"hi-42" not in seen:
+                assert time.monotonic() < deadline, seen
+                frame = await asyncio.wait_for(ws.recv(), 30)
+                if isinstance(frame, bytes) and frame[:1] in (b"\x01", b"\x03"):
+                    seen += frame[1:]
