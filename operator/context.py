@@ -94,6 +94,10 @@ class Context:
         if self.queue is not None:
             self.queue.add((kind, namespace, name))
 
+    def cancel_at(self, kind: str, namespace: str, name: str) -> None:
+        if self.queue is not None:
+            self.queue.cancel_at((kind, namespace, name))
+
     def request_at(self, kind: str, namespace: str, name: str, when: float) -> None:
         if self.queue is not None:
             self.queue.add_at((kind, namespace, name), when)

@@ -68,6 +68,12 @@ class WorkQueue:
         loop = asyncio.get_running_loop()
         self._timers[key] = (when, loop.call_later(delay, self._fire, key))
 
+    def cancel_at(self, key: Key) -> None:
+        """Drop key's pending deadline, if any (a reconcile re-arms the deadlines it still needs)."""
+        current = self._timers.pop(key, None)
+        if current:
+            current[1].cancel()
+
     def _fire(self, key: Key) -> None:
         self._timers.pop(key, None)
         self.add(key)

@@ -176,7 +176,6 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         row = ClaimRow(name=req.name or f"claim-{secrets.token_hex(5)}", pool=req.pool, pool_kind=kind,
                        phase="Pending", created=created, expires_at=created + req.ttl_seconds if req.ttl_seconds
                        else None, shutdown_policy=req.shutdown_policy, env=dict(req.env), snapshot=req.snapshot)
-        self._waiters.setdefault(row.name, asyncio.Event())
 
         def order(members: list[Member]) -> list[Member]:
             return adoption_order(members, tmpl.blueprint_hash(), set())
@@ -191,14 +190,14 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         if not new:
             return await self._wait(claim.name, req.timeout_seconds)
         if sandbox is None:
-            await self.run(self.store.update_claim, claim.name, phase="Failed",
-                           message=f"pool {req.pool} is at poolMax and has no idle sandbox")
+            await self.run(self.store.remove_claim, claim.name)  # not recorded: a later retry may fit
             CLAIMS.labels("none", "full").inc()
             raise Conflict(f"pool {req.pool!r} is at poolMax and has no idle sandbox")
         self.wake(req.pool)
         if claim.launch_type == "warm":
             await self._warm_ready(claim, sandbox, t0)
             return self.to_api(await self._claim(claim.name))
+        self._waiters.setdefault(claim.name, asyncio.Event())
         self.spawn(self._cold_start(claim.name, sandbox, tmpl, t0))
         return await self._wait(claim.name, req.timeout_seconds)
 

@@ -76,6 +76,7 @@ async def reconcile_claim(ctx: Context, ns: str, name: str) -> None:
         ctx.first_seen.pop(key, None)
         return
     meta, status = body["metadata"], body.get("status") or {}
+    ctx.cancel_at("SandboxClaim", ns, name)  # each pass re-arms only the deadlines still ahead
     if meta.get("deletionTimestamp"):
         return
     phase = status.get("phase")

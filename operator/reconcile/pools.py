@@ -88,6 +88,7 @@ async def _create_member(ctx: Context, kind: str, body: dict[str, Any], template
 
 
 async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
+    ctx.cancel_at("WarmPool", ns, name)  # re-armed below if an unready sandbox still has a grace deadline
     body = ctx.cache.warmpool(ns, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
@@ -149,7 +150,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     if differs(status, desired):
         await ctx.kube.patch("WarmPool", name, ns, {"status": desired}, status=True)
     if error is not None and status_code(error) not in (403, 422):
-        raise error  # transient: retried with backoff by the queue
+        raise error  # transient: retried with backoff by the queue (403/422 are reported in the status instead)
 
 
 def _undecided_claims(ctx: Context, ns: str, kind: str, name: str) -> int:

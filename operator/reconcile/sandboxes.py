@@ -6,11 +6,13 @@ import logging
 import time
 from typing import Any
 
+from lightkube import ApiError
+
 from ..builders import execd_token, pod_manifest, pvc_manifests, service_manifest
 from ..cache import PodInfo, _ts
 from ..constants import A_LAUNCH, L_CLAIM, L_HASH
 from ..context import Context
-from ..kube import ignore
+from ..kube import ignore, status_code
 from .conditions import differs, set_condition
 
 log = logging.getLogger("corral.operator.sandbox")
@@ -55,6 +57,7 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
         ctx.pod_creates.pop(key, None)
         return
     meta, spec = body["metadata"], body["spec"]
+    ctx.cancel_at("Sandbox", ns, name)  # each pass re-arms only the deadlines still ahead
     if meta.get("deletionTimestamp"):
         return
     now = time.time()
@@ -76,7 +79,12 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
     elif pod is None:
         created_at = ctx.pod_creates.get(key)
         if created_at is None or now - created_at > POD_CREATE_GRACE:
-            await _create_pod(ctx, body)
+            try:
+                await _create_pod(ctx, body)
+            except ApiError as exc:
+                if status_code(exc) == 403 and "being terminated" in str(exc):
+                    return  # the namespace is going away with everything in it: nothing to repair
+                raise
             ctx.pod_creates[key] = now
             ctx.request_at("Sandbox", ns, name, now + POD_CREATE_GRACE + 1)
     elif pod.phase in ("Failed", "Succeeded") and not pod.deleting:

@@ -1,0 +1,77 @@
+"""The operator killed mid-burst converges exactly; with nothing changing it makes no API calls at all."""
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+
+from lightkube.resources.core_v1 import Namespace
+
+from kubeutil import Sandbox, SandboxClaim, WarmPool, claim, idle_ready, status, template, wait_until, warm_pool
+from test_operator_claims import create_all
+
+pytestmark = pytest.mark.kube
+
+
+def test_sigkill_during_a_100_claim_burst(kube, kube_cluster, operator, ns):
+    kube.create(template("py"), namespace=ns)
+    kube.create(warm_pool("wp", "py", 30), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 30, 120, 0.5, "30 ready")
+    names = [f"c{i:03d}" for i in range(100)]
+
+    async def burst_and_kill():
+        create = asyncio.create_task(create_all(kube_cluster.kubeconfig, ns, [claim(n, "wp") for n in names]))
+        await asyncio.sleep(0.4)
+        operator.kill()  # SIGKILL: no cleanup, in-flight writes lost mid-way
+        await create
+
+    asyncio.run(burst_and_kill())
+    bound_before_restart = sum(1 for c in kube.list(SandboxClaim, namespace=ns) if status(c).get("phase") == "Bound")
+    operator.start()
+
+    def converged():
+        claims = {c.metadata.name: status(c) for c in kube.list(SandboxClaim, namespace=ns)}
+        return claims if len(claims) == 100 and all(c.get("phase") == "Bound" for c in claims.values()) else None
+
+    claims = wait_until(converged, 240, 1, "every claim Bound after the restart")
+    assert bound_before_restart < 100, "the kill came too late to test anything"
+    used = Counter(c["sandbox"]["name"] for c in claims.values())
+    assert max(used.values()) == 1, "a sandbox is bound to two claims"
+
+    def settled():
+        sandboxes = [s for s in kube.list(Sandbox, namespace=ns) if not s.metadata.deletionTimestamp]
+        by_claim = Counter((s.metadata.labels or {}).get("corral.dev/claim") for s in sandboxes)
+        idle = [s for s in sandboxes if "corral.dev/claim" not in (s.metadata.labels or {})]
+        orphans = [s.metadata.name for s in idle if (s.metadata.labels or {}).get("corral.dev/pool") != "wp"]
+        doubles = {c: n for c, n in by_claim.items() if c and n > 1}
+        ok = not orphans and not doubles and len(idle) == 30 and all(by_claim.get(n) == 1 for n in names)
+        return (sandboxes, by_claim) if ok else None
+
+    sandboxes, by_claim = wait_until(settled, 120, 1, "no orphans, one sandbox per claim, 30 idle",
+                                     dump=lambda: Counter((s.metadata.labels or {}).get("corral.dev/claim")
+                                                          for s in kube.list(Sandbox, namespace=ns)).most_common(3))
+    for name, st in claims.items():
+        labels = next(s.metadata.labels for s in sandboxes if s.metadata.name == st["sandbox"]["name"])
+        assert labels["corral.dev/claim"] == name
+
+
+def test_idle_operator_makes_no_api_calls(kube, operator, ns):
+    # Other tests' namespaces are deleted in the background; their teardown is not "idle". Wait for it.
+    wait_until(lambda: not [n for n in kube.list(Namespace) if n.metadata.name.startswith("t-") and n.metadata.name != ns],
+               300, 2, "other test namespaces gone")
+    kube.create(template("py"), namespace=ns)
+    kube.create(warm_pool("wp", "py", 500), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 500, 600, 2, "500 ready")
+    wait_until(lambda: status(kube.get(WarmPool, "wp", namespace=ns)).get("readyReplicas") == 500,
+               60, 1, "status caught up")
+    time.sleep(5)  # let the last status writes land
+    before = operator.metrics()
+    time.sleep(120)
+    after = operator.metrics()
+    calls = {k: after[k] - before.get(k, 0) for k in after
+             if k.startswith("corral_api_requests_total") and after[k] != before.get(k, 0)}
+    assert calls == {}, f"API calls while idle: {calls}"
+    reconciles = {k: after[k] - before.get(k, 0) for k in after
+                  if k.startswith("corral_reconciles_total") and after[k] != before.get(k, 0)}
+    assert reconciles == {}, f"reconciles while idle (polling?): {reconciles}"
