@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -35,10 +35,39 @@ pytestmark = pytest.mark.docker
 ENGINE_START = 90.0
 
 
+DOCKER0 = subprocess.run(["ip", "-o", "-4", "addr", "show", "docker0"], capture_output=True, text=True).stdout.split()
+
+
+def guard_docker0() -> None:
+    """If the main engine's docker0 existed and is gone, put it back (same address) and fail loudly."""
+    if not DOCKER0 or subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0:
+        return
+    address = DOCKER0[DOCKER0.index("inet") + 1]
+    for cmd in (["ip", "link", "add", "docker0", "type", "bridge"], ["ip", "addr", "add", address, "dev", "docker0"],
+                ["ip", "link", "set", "docker0", "up"]):
+        subprocess.run(cmd, capture_output=True)
+    pytest.fail("the private dockerd deleted the host's docker0 (restored with the same address)", pytrace=False)
+
+
 @dataclass
 class PrivateEngine:
+    """A second dockerd. Two flags would delete the host's docker0 (moby's removeDefaultBridgeInterface) and break the
+    main engine: `--bridge=none` (at start) and `--default-address-pool` (when restarted with a stored default
+    network). So it gets its own pre-made bridge and the default address pools (whose allocator skips subnets that
+    already have a host route), and `guard_docker0` checks after every start that the host's docker0 survived."""
+
     dir: Path
+    bridge: str = field(default_factory=lambda: f"cfd{secrets.token_hex(3)}")
     proc: subprocess.Popen | None = None
+
+    def make_bridge(self) -> None:
+        for cmd in (["ip", "link", "add", self.bridge, "type", "bridge"],
+                    ["ip", "addr", "add", "10.214.0.1/24", "dev", self.bridge],
+                    ["ip", "link", "set", self.bridge, "up"]):
+            subprocess.run(cmd, check=True, capture_output=True)
+
+    def remove_bridge(self) -> None:
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
     @property
     def url(self) -> str:
@@ -48,9 +77,8 @@ class PrivateEngine:
         log = open(self.dir / "dockerd.log", "ab")
         self.proc = subprocess.Popen(
             ["/usr/sbin/dockerd", "--data-root", f"{self.dir}/data", "--exec-root", f"{self.dir}/x",
-             "--pidfile", f"{self.dir}/d.pid", "-H", self.url, "--bridge=none", "--iptables=false",
-             "--ip-masq=false", "--default-address-pool", "base=10.213.0.0/16,size=24",
-             "--cgroup-parent=/corral-fault"],
+             "--pidfile", f"{self.dir}/d.pid", "-H", self.url, f"--bridge={self.bridge}", "--iptables=false",
+             "--ip-masq=false", "--cgroup-parent=/corral-fault"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + ENGINE_START
         while True:
@@ -58,6 +86,7 @@ class PrivateEngine:
                 c = docker.DockerClient(base_url=self.url, timeout=10)
                 c.ping()
                 c.close()
+                guard_docker0()
                 return
             except Exception:  # noqa: BLE001 - not up yet
                 if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -85,6 +114,7 @@ def private_engine(docker_client):
         pytest.fail("no /usr/sbin/dockerd: run scripts/docker.sh engine", pytrace=False)
     operator_image = ensure_image()
     eng = PrivateEngine(Path(tempfile.mkdtemp(prefix="cfd-", dir="/tmp")))  # short: unix socket path limits
+    eng.make_bridge()
     eng.start()
     client = eng.client()
     for ref in ("corral/base:bookworm", "corral/python:bookworm", operator_image):
@@ -94,9 +124,13 @@ def private_engine(docker_client):
     try:
         for c in client.containers.list(all=True):
             c.remove(force=True)
+        for n in client.networks.list():
+            if n.name not in ("bridge", "host", "none"):
+                n.remove()
     finally:
         client.close()
         eng.stop()
+        eng.remove_bridge()
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
         for mount in sorted((m for m in mounts if m.startswith(f"{eng.dir}/")), key=len, reverse=True):
             subprocess.run(["umount", mount], capture_output=True)  # e.g. x/netns/default, left by dockerd
