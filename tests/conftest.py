@@ -86,7 +86,7 @@ def kube(kube_cluster):
     """A lightkube client of the local cluster, as its admin."""
     from lightkube import Client, KubeConfig
 
-    client = Client(config=KubeConfig.from_file(kube_cluster.kubeconfig), field_manager="corral-tests")
+    client = Client(config=KubeConfig.from_file(kube_cluster.kubeconfig), field_manager="corral-tests", timeout=60)
     yield client
     client.close() if hasattr(client, "close") else None
 

@@ -78,6 +78,8 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
             await ignore({404}, ctx.kube.delete("Pod", name, ns, uid=pod.uid))
     elif pod is None:
         created_at = ctx.pod_creates.get(key)
+        if (body.get("status") or {}).get("nodeName") and not await _still_there(ctx, body):
+            return  # the pod went with its sandbox (a scale-down, say); the sandbox's deletion event is on its way
         if created_at is None or now - created_at > POD_CREATE_GRACE:
             try:
                 await _create_pod(ctx, body)
@@ -94,6 +96,19 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
     desired = desired_status(body, pod, suspended)
     if differs(body.get("status"), desired):
         await ctx.kube.patch("Sandbox", name, ns, {"status": desired}, status=True)
+
+
+async def _still_there(ctx: Context, body: dict[str, Any]) -> bool:
+    """A sandbox whose pod vanished: is it still there, or is the watch just late to say it was deleted? One read,
+    only on this (rare) path, so a scale-down never recreates the pods it is deleting."""
+    meta = body["metadata"]
+    try:
+        live = await ctx.kube.get("Sandbox", meta["name"], meta["namespace"])
+    except ApiError as exc:
+        if status_code(exc) == 404:
+            return False
+        raise
+    return live["metadata"].get("uid") == meta.get("uid") and not live["metadata"].get("deletionTimestamp")
 
 
 async def _create_pod(ctx: Context, body: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
         self.port = free_port()
+        self.health_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
@@ -44,18 +45,21 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "CORRAL_TOKEN_SECRET": TOKEN_SECRET,
                "CORRAL_METRICS_PORT": str(self.port), "CORRAL_NAMESPACE": "corral-system",
                "CORRAL_EXECD_IMAGE": "corral/execd:test"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "corral.operator", "--standalone"], env=env,
+        args = ["--standalone", f"--liveness=http://127.0.0.1:{self.health_port}/healthz"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "corral.operator", *args], env=env,
                                      stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
             try:
                 httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=1)
-                return
+                if httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code == 200:
+                    return
             except httpx.TransportError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"operator exited: {self.log_path.read_text()[-3000:]}")
-                assert time.monotonic() < deadline, "operator metrics did not come up"
-                time.sleep(0.2)
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited: {self.log_path.read_text()[-3000:]}")
+            assert time.monotonic() < deadline, "operator metrics/health did not come up"
+            time.sleep(0.2)
 
     def kill(self) -> None:
         assert self.proc is not None

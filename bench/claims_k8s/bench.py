@@ -1,0 +1,282 @@
+"""Claims on Kubernetes: warm claim latency (sequential and a 300-claim burst), cold claim latency, time to fill a
+300-sandbox pool, API writes per warm claim, and operator RSS with 1,000 sandboxes.
+
+Needs the local control plane (scripts/cluster.sh up); starts its own operator process. Latency is measured from
+watch timestamps: the time this process receives the claim's ADDED event to the time it receives the event that
+shows it Bound. Writes JSON and a PNG into bench/claims_k8s/results/.
+
+    .venv/bin/python bench/claims_k8s/bench.py [--kubeconfig PATH] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from lightkube import AsyncClient, Client, KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.core_v1 import Namespace
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = Path(__file__).resolve().parent / "results"
+SandboxTemplate = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxTemplate", "sandboxtemplates")
+WarmPool = create_namespaced_resource("corral.dev", "v1alpha1", "WarmPool", "warmpools")
+SandboxClaim = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxClaim", "sandboxclaims")
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+
+def summary(ms: list[float]) -> dict[str, float]:
+    return {"n": len(ms), "p50_ms": pct(ms, 50), "p90_ms": pct(ms, 90), "p99_ms": pct(ms, 99),
+            "mean_ms": statistics.fmean(ms), "max_ms": max(ms)}
+
+
+class Operator:
+    def __init__(self, kubeconfig: str, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = {**os.environ, "KUBECONFIG": kubeconfig, "CORRAL_TOKEN_SECRET": "bench",
+               "CORRAL_METRICS_PORT": str(self.port)}
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            health = s.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, "-m", "corral.operator", "--standalone",
+                                      f"--liveness=http://127.0.0.1:{health}/healthz"], env=env,
+                                     stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        for _ in range(300):
+            try:
+                httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=1)
+                return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise RuntimeError("operator did not start")
+
+    def writes(self) -> dict[str, float]:
+        out = {}
+        for line in httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text.splitlines():
+            if line.startswith("corral_api_requests_total") and any(f'verb="{v}"' in line for v in ("create", "patch", "delete")):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class ClaimWatch:
+    """Receive times of each claim's ADDED event and of the first event showing it Bound."""
+
+    def __init__(self, client: Client, ns: str) -> None:
+        self.added: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.launch: dict[str, str] = {}
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, args=(client, ns), daemon=True).start()
+        time.sleep(0.3)
+
+    def _run(self, client: Client, ns: str) -> None:
+        for event, obj in client.watch(SandboxClaim, namespace=ns):
+            now = time.perf_counter()
+            name = obj.metadata.name
+            with self.cond:
+                self.added.setdefault(name, now)
+                st = obj.get("status") or {}
+                if st.get("phase") == "Bound" and name not in self.bound:
+                    self.bound[name] = now
+                    self.launch[name] = st.get("launchType")
+                    self.cond.notify_all()
+
+    def wait(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not all(n in self.bound for n in names):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{sum(n in self.bound for n in names)}/{len(names)} bound")
+                self.cond.wait(left)
+
+    def latencies_ms(self, names: list[str]) -> list[float]:
+        return [(self.bound[n] - self.added[n]) * 1000 for n in names]
+
+
+def claim(name: str, pool: str) -> object:
+    return SandboxClaim.from_dict({"metadata": {"name": name}, "spec": {"poolRef": {"name": pool}}})
+
+
+def wait_ready(client: Client, ns: str, pool: str, n: int, timeout: float) -> float:
+    t0 = time.monotonic()
+    while True:
+        st = client.get(WarmPool, pool, namespace=ns).get("status") or {}
+        if st.get("readyReplicas", 0) >= n:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{pool}: {st.get('readyReplicas')}/{n} ready")
+        time.sleep(0.2)
+
+
+async def create_concurrently(kubeconfig: str, ns: str, objs: list) -> None:
+    client = AsyncClient(config=KubeConfig.from_file(kubeconfig), field_manager="corral-bench")
+    try:
+        await asyncio.gather(*(client.create(o, namespace=ns) for o in objs))
+    finally:
+        await client.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", str(Path.home() / ".cache/corral/run/cluster/kubeconfig")))
+    ap.add_argument("--quick", action="store_true", help="smaller numbers, for a smoke run")
+    args = ap.parse_args()
+    seq_n, burst_n, cold_n, fill_n, rss_n = (20, 50, 5, 50, 100) if args.quick else (100, 300, 20, 300, 1000)
+    OUT.mkdir(parents=True, exist_ok=True)
+    client = Client(config=KubeConfig.from_file(args.kubeconfig), field_manager="corral-bench")
+    from corral.api.crd import load_committed
+
+    for crd in load_committed():
+        client.apply(CustomResourceDefinition.from_dict(crd), force=True)
+    for crd in load_committed():
+        client.wait(CustomResourceDefinition, crd["metadata"]["name"], for_conditions=["Established"])
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    op = Operator(args.kubeconfig, OUT / "operator.log")
+    results: dict[str, object] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()},
+        "note": "kwok fake nodes: pods become Ready without running containers; latency excludes image pulls",
+    }
+    try:
+        client.create(SandboxTemplate.from_dict({"metadata": {"name": "py"}, "spec": {"podTemplate": {"spec": {
+            "containers": [{"name": "sandbox", "image": "corral/python:bookworm", "command": ["sleep", "infinity"]}]}}}}),
+            namespace=ns)
+        watch = ClaimWatch(client, ns)
+
+        # 1. time to fill a pool
+        client.create(WarmPool.from_dict({"metadata": {"name": "fill"}, "spec": {"replicas": fill_n, "templateRef": {"name": "py"}}}), namespace=ns)
+        results["fill"] = {"sandboxes": fill_n, "seconds": round(wait_ready(client, ns, "fill", fill_n, 900), 2)}
+        print("fill", results["fill"], flush=True)
+
+        # 2. sequential warm claims (the pool is big enough that every claim finds a ready sandbox)
+        writes0 = op.writes()
+        names = []
+        for i in range(seq_n):
+            name = f"seq-{i:04d}"
+            client.create(claim(name, "fill"), namespace=ns)
+            watch.wait([name], 60)
+            names.append(name)
+        writes1 = op.writes()
+        lat = watch.latencies_ms(names)
+        claim_path = sum(v - writes0.get(k, 0) for k, v in writes1.items()
+                         if 'resource="SandboxClaim/status"' in k or 'resource="Sandbox",verb="patch"' in k)
+        total = sum(v - writes0.get(k, 0) for k, v in writes1.items())
+        results["warm_sequential"] = {**summary(lat), "launch": sorted(set(watch.launch[n] for n in names)),
+                                      "api_writes_per_claim_claim_path": round(claim_path / seq_n, 2),
+                                      "api_writes_per_claim_incl_refill": round(total / seq_n, 2)}
+        print("warm_sequential", results["warm_sequential"], flush=True)
+        wait_ready(client, ns, "fill", fill_n, 900)
+
+        # 3. burst of warm claims against a pool of the same size
+        burst = [f"burst-{i:04d}" for i in range(burst_n)]
+        asyncio.run(create_concurrently(args.kubeconfig, ns, [claim(n, "fill") for n in burst]))
+        watch.wait(burst, 600)
+        lat = watch.latencies_ms(burst)
+        results["warm_burst"] = {**summary(lat), "warm": sum(watch.launch[n] == "Warm" for n in burst)}
+        print("warm_burst", results["warm_burst"], flush=True)
+
+        # 4. cold claims (a pool with no ready sandboxes)
+        client.create(WarmPool.from_dict({"metadata": {"name": "empty"}, "spec": {"replicas": 0, "templateRef": {"name": "py"}}}), namespace=ns)
+        cold = []
+        for i in range(cold_n):
+            name = f"cold-{i:04d}"
+            client.create(claim(name, "empty"), namespace=ns)
+            watch.wait([name], 120)
+            cold.append(name)
+        results["cold_sequential"] = {**summary(watch.latencies_ms(cold)), "launch": sorted(set(watch.launch[n] for n in cold))}
+        print("cold_sequential", results["cold_sequential"], flush=True)
+
+        # 5. operator memory with many sandboxes
+        client.create(WarmPool.from_dict({"metadata": {"name": "big"}, "spec": {"replicas": rss_n - fill_n - burst_n - seq_n - cold_n if rss_n > fill_n + burst_n + seq_n + cold_n else 0, "templateRef": {"name": "py"}}}), namespace=ns)
+        time.sleep(2)
+        deadline = time.monotonic() + 1200
+        from lightkube.generic_resource import create_namespaced_resource as _c
+
+        Sandbox = _c("corral.dev", "v1alpha1", "Sandbox", "sandboxes")
+        while len(list(client.list(Sandbox, namespace=ns))) < rss_n and time.monotonic() < deadline:
+            time.sleep(5)
+        target = rss_n - fill_n - burst_n - seq_n - cold_n
+        if target > 0:
+            wait_ready(client, ns, "big", target, 1200)
+        sandboxes = len(list(client.list(Sandbox, namespace=ns)))
+        results["operator_rss"] = {"sandboxes": sandboxes, "rss_mib": round(op.rss_mib(), 1)}
+        print("operator_rss", results["operator_rss"], flush=True)
+    finally:
+        op.stop()
+        client.delete(Namespace, ns)
+
+    results["goals"] = {
+        "warm_p50_under_25ms": results["warm_sequential"]["p50_ms"] < 25,
+        "warm_p99_under_100ms": results["warm_sequential"]["p99_ms"] < 100,
+        "burst_p90_under_500ms": results["warm_burst"]["p90_ms"] < 500,
+        "at_most_3_writes_per_warm_claim": results["warm_sequential"]["api_writes_per_claim_claim_path"] <= 3,
+        "rss_under_200mib_with_1000": results["operator_rss"]["rss_mib"] < 200,
+    }
+    (OUT / "claims-k8s.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, OUT / "claims-k8s.png")
+    print(json.dumps(results["goals"], indent=2))
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = [("warm seq", results["warm_sequential"]), ("warm burst", results["warm_burst"]),
+            ("cold seq", results["cold_sequential"])]
+    x = range(len(rows))
+    for i, q in enumerate(("p50_ms", "p90_ms", "p99_ms")):
+        ax1.bar([j + i * 0.27 for j in x], [r[q] for _, r in rows], width=0.27, label=q.replace("_ms", ""))
+    ax1.set_xticks([j + 0.27 for j in x], [n for n, _ in rows])
+    ax1.set_yscale("log")
+    ax1.set_ylabel("claim created -> Bound (ms)")
+    ax1.axhline(25, color="grey", linestyle=":", label="warm p50 goal")
+    ax1.legend()
+    ax2.bar(["fill s", "writes/claim", "RSS MiB"],
+            [results["fill"]["seconds"], results["warm_sequential"]["api_writes_per_claim_claim_path"],
+             results["operator_rss"]["rss_mib"]])
+    ax2.set_title(f"fill {results['fill']['sandboxes']} | RSS at {results['operator_rss']['sandboxes']} sandboxes")
+    fig.suptitle("Corral claims on Kubernetes (kube-apiserver + kwok, 2 cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
