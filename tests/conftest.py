@@ -74,6 +74,8 @@ def kube_cluster():
     and stopped at the end only if this session started it."""
     status = subprocess.run([str(SCRIPTS / "cluster.sh"), "status"], capture_output=True, text=True)
     was_running = "kube-apiserver: running" in status.stdout
+    if not was_running:
+        run_script("cluster.sh", "reset")  # a cluster this session starts, starts empty (no state of earlier runs)
     proc = run_script("cluster.sh", "up", timeout=600)
     cluster = Cluster(kubeconfig=proc.stdout.strip().splitlines()[-1])
     yield cluster
