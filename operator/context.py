@@ -72,6 +72,8 @@ class Context:
     bound: dict[tuple[str, str], str] = field(default_factory=dict)
     # (ns, sandbox) -> time we created its pod (until the pod shows up)
     pod_creates: dict[tuple[str, str], float] = field(default_factory=dict)
+    # claim key -> the phase we last wrote to its status, until the watch shows it (no second write meanwhile)
+    phase_written: dict[tuple[str, str], str] = field(default_factory=dict)
     # claim key -> when the operator first saw it pending (claim latency starts here)
     first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     _http: httpx.AsyncClient | None = None

@@ -54,6 +54,8 @@ def env_problem(env: list[dict[str, str]], template: SandboxTemplateSpec) -> str
 async def _status(ctx: Context, body: dict[str, Any], patch: dict[str, Any]) -> None:
     meta = body["metadata"]
     await ctx.kube.patch("SandboxClaim", meta["name"], meta["namespace"], {"status": patch}, status=True)
+    if patch.get("phase") in ("Bound", "Failed", "Finished"):
+        ctx.phase_written[(meta["namespace"], meta["name"])] = patch["phase"]
 
 
 async def finish(ctx: Context, body: dict[str, Any], phase: str, reason: str, message: str) -> None:
@@ -74,12 +76,18 @@ async def reconcile_claim(ctx: Context, ns: str, name: str) -> None:
     if body is None:
         ctx.bound.pop(key, None)
         ctx.first_seen.pop(key, None)
+        ctx.phase_written.pop(key, None)
         return
     meta, status = body["metadata"], body.get("status") or {}
     ctx.cancel_at("SandboxClaim", ns, name)  # each pass re-arms only the deadlines still ahead
     if meta.get("deletionTimestamp"):
         return
     phase = status.get("phase")
+    written = ctx.phase_written.get(key)
+    if written is not None:
+        if written != phase:
+            return  # our own status write is on its way through the watch; acting now would write it twice
+        del ctx.phase_written[key]
     now = time.time()
     try:
         spec = validate(SandboxClaimSpec, body["spec"])
