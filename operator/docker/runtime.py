@@ -196,7 +196,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         self.wake(req.pool)
         if claim.launch_type == "warm":
             await self._warm_ready(claim, sandbox, t0)
-            return self.to_api(await self._claim(claim.name))
+            return self.to_api(claim)
         self._waiters.setdefault(claim.name, asyncio.Event())
         self.spawn(self._cold_start(claim.name, sandbox, tmpl, t0))
         return await self._wait(claim.name, req.timeout_seconds)
@@ -209,10 +209,12 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
                                         headers={"Authorization": f"Bearer {self.token(sandbox.name)}"})
                 r.raise_for_status()
             except httpx.HTTPError as exc:
-                await self.run(self.store.update_claim, claim.name, phase="Failed", message=f"set env: {exc}")
+                claim.phase, claim.message = "Failed", f"set env: {exc}"
+                await self.run(self.store.update_claim, claim.name, phase="Failed", message=claim.message)
                 self._arm_deadlines()
                 return
-        await self.run(self.store.update_claim, claim.name, phase="Ready", ready_at=now())
+        claim.phase, claim.ready_at = "Ready", now()
+        await self.run(self.store.update_claim, claim.name, phase="Ready", ready_at=claim.ready_at)
         CLAIM_SECONDS.labels("warm").observe(time.monotonic() - t0)
         CLAIMS.labels("warm", "ready").inc()
         self._arm_deadlines()
@@ -328,10 +330,15 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         return self.to_api(await self._claim(name))
 
     async def _ready_sandbox(self, name: str, phases: tuple[str, ...] = ("Ready",)) -> tuple[ClaimRow, SandboxRow]:
-        c = await self._claim(name)
+        def both() -> tuple[ClaimRow | None, SandboxRow | None]:  # one thread hop: this is on every proxied call
+            claim = self.store.claim(name)
+            return claim, self.store.sandbox(claim.sandbox) if claim and claim.sandbox else None
+
+        c, row = await self.run(both)
+        if c is None:
+            raise NotFound(f"no claim named {name!r}")
         if c.phase not in phases or not c.sandbox:
             raise Conflict(f"claim {name} is {c.phase}, not {' or '.join(phases)}")
-        row = await self.run(self.store.sandbox, c.sandbox)
         if row is None:
             raise Unavailable(f"claim {name}: its sandbox is gone")
         return c, row
