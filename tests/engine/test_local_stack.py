@@ -9,11 +9,12 @@ import re
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # not `from conftest import`: several conftest.py shadow each other
 
 pytestmark = pytest.mark.engine
 STACK = "local"

@@ -10,7 +10,7 @@ import yaml
 from corral.components.config import ConfigError, StackConfig, parse_stack_config
 from corral.components.stack import build
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # not `from conftest import`: several conftest.py shadow each other
 from pulumi_mocks import install
 
 STACKS = sorted((REPO / "stacks").glob("Pulumi.*.yaml"))
