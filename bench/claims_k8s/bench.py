@@ -165,6 +165,13 @@ def main() -> None:
         client.apply(CustomResourceDefinition.from_dict(crd), force=True)
     for crd in load_committed():
         client.wait(CustomResourceDefinition, crd["metadata"]["name"], for_conditions=["Established"])
+    # After a CRD (re)apply the server answers 429 "storage is (re)initializing" for a moment: start once it lists.
+    for _ in range(100):
+        try:
+            list(client.list(SandboxClaim, namespace="default"))
+            break
+        except Exception:  # noqa: BLE001
+            time.sleep(0.2)
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     client.create(Namespace(metadata=ObjectMeta(name=ns)))
     op = Operator(args.kubeconfig, OUT / "operator.log")
@@ -202,6 +209,20 @@ def main() -> None:
         print("warm_sequential", results["warm_sequential"], flush=True)
         wait_ready(client, ns, "fill", fill_n, 900)
 
+        # 2b. warm claims spaced out (0.5 s apart): the refill after each claim is done before the next one, as
+        # for a fleet claiming at a moderate rate. Back-to-back claims (above) share 2 cores with ~10 refill writes each.
+        spaced = []
+        for i in range(seq_n // 2):
+            name = f"spaced-{i:04d}"
+            client.create(claim(name, "fill"), namespace=ns)
+            watch.wait([name], 60)
+            spaced.append(name)
+            time.sleep(0.5)
+        results["warm_spaced"] = {**summary(watch.latencies_ms(spaced)),
+                                  "launch": sorted(set(watch.launch[n] for n in spaced))}
+        print("warm_spaced", results["warm_spaced"], flush=True)
+        wait_ready(client, ns, "fill", fill_n, 900)
+
         # 3. burst of warm claims against a pool of the same size
         burst = [f"burst-{i:04d}" for i in range(burst_n)]
         asyncio.run(create_concurrently(args.kubeconfig, ns, [claim(n, "fill") for n in burst]))
@@ -222,7 +243,9 @@ def main() -> None:
         print("cold_sequential", results["cold_sequential"], flush=True)
 
         # 5. operator memory with many sandboxes
-        client.create(WarmPool.from_dict({"metadata": {"name": "big"}, "spec": {"replicas": rss_n - fill_n - burst_n - seq_n - cold_n if rss_n > fill_n + burst_n + seq_n + cold_n else 0, "templateRef": {"name": "py"}}}), namespace=ns)
+        taken = seq_n + seq_n // 2 + burst_n + cold_n  # claimed sandboxes; the fill pool keeps fill_n idle
+        target = max(0, rss_n - fill_n - taken)
+        client.create(WarmPool.from_dict({"metadata": {"name": "big"}, "spec": {"replicas": target, "templateRef": {"name": "py"}}}), namespace=ns)
         time.sleep(2)
         deadline = time.monotonic() + 1200
         from lightkube.generic_resource import create_namespaced_resource as _c
@@ -230,7 +253,6 @@ def main() -> None:
         Sandbox = _c("corral.dev", "v1alpha1", "Sandbox", "sandboxes")
         while len(list(client.list(Sandbox, namespace=ns))) < rss_n and time.monotonic() < deadline:
             time.sleep(5)
-        target = rss_n - fill_n - burst_n - seq_n - cold_n
         if target > 0:
             wait_ready(client, ns, "big", target, 1200)
         sandboxes = len(list(client.list(Sandbox, namespace=ns)))
@@ -241,8 +263,10 @@ def main() -> None:
         client.delete(Namespace, ns)
 
     results["goals"] = {
-        "warm_p50_under_25ms": results["warm_sequential"]["p50_ms"] < 25,
-        "warm_p99_under_100ms": results["warm_sequential"]["p99_ms"] < 100,
+        "warm_p50_under_25ms (back-to-back)": results["warm_sequential"]["p50_ms"] < 25,
+        "warm_p99_under_100ms (back-to-back)": results["warm_sequential"]["p99_ms"] < 100,
+        "warm_p50_under_25ms (spaced)": results["warm_spaced"]["p50_ms"] < 25,
+        "warm_p99_under_100ms (spaced)": results["warm_spaced"]["p99_ms"] < 100,
         "burst_p90_under_500ms": results["warm_burst"]["p90_ms"] < 500,
         "at_most_3_writes_per_warm_claim": results["warm_sequential"]["api_writes_per_claim_claim_path"] <= 3,
         "rss_under_200mib_with_1000": results["operator_rss"]["rss_mib"] < 200,
@@ -259,7 +283,8 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    rows = [("warm seq", results["warm_sequential"]), ("warm burst", results["warm_burst"]),
+    rows = [("warm seq", results["warm_sequential"]), ("warm spaced", results["warm_spaced"]),
+            ("warm burst", results["warm_burst"]),
             ("cold seq", results["cold_sequential"])]
     x = range(len(rows))
     for i, q in enumerate(("p50_ms", "p90_ms", "p99_ms")):
