@@ -3,6 +3,7 @@ no changes; destroy leaves nothing behind."""
 
 import json
 import shutil
+from pathlib import Path
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from lightkube import ApiError
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 
 pytestmark = pytest.mark.engine
 

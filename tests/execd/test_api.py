@@ -130,9 +130,12 @@ def test_http_proxy(client, http_upstream):
 
 
 def test_http_proxy_to_a_closed_port_is_502(client):
-    from conftest import free_port
+    import socket
 
-    r = client.get(f"/v1/proxy/{free_port()}/x")
+    with socket.socket() as s:  # a port nobody listens on (several conftest.py exist: none is imported by name)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = client.get(f"/v1/proxy/{port}/x")
     assert r.status_code == 502 and r.json()["code"] == "bad_gateway"
 
 

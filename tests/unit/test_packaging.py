@@ -1,9 +1,10 @@
 """The distribution imports as corral.<part>, and `operator` stays the standard library."""
 
 import subprocess
+from pathlib import Path
 import sys
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 
 
 def test_parts_import_and_stdlib_operator_is_not_shadowed():
