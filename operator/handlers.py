@@ -7,7 +7,6 @@ objects (on.event handlers need no finalizers or progress annotations).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -208,5 +207,3 @@ def queue_probe(**_: Any) -> dict[str, Any]:
     return {"cache_ready": bool(context and context.cache.ready),
             "timers": context.queue.pending_timers if context and context.queue else 0}
 
-
-__all__ = ["startup", "cleanup", "asyncio"]

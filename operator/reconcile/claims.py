@@ -148,7 +148,9 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
         sandbox = None if sb is None else _member(sb)
     if sandbox is not None or bound_name:
         if sandbox is not None and sandbox.ready:
-            await _bind(ctx, body, sandbox, sandbox.launch_type or "Cold", pool_name, first, env_applied=True)
+            if env and sandbox.launch_type == "Warm":
+                await _inject_env(ctx, sandbox, env)  # idempotent: covers a restart between adoption and binding
+            await _bind(ctx, body, sandbox, sandbox.launch_type or "Cold", pool_name, first)
         elif now >= deadline:
             raise ClaimError("Timeout", f"sandbox {sandbox.name if sandbox else bound_name} was not ready "
                                         f"within {spec.timeout_seconds}s")
@@ -229,8 +231,7 @@ async def _inject_env(ctx: Context, m: Member, env: list[dict[str, str]]) -> Non
         raise ClaimError("EnvInjectionFailed", f"could not set env in sandbox {m.name} through execd: {exc}") from None
 
 
-async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool: str, first_seen: float,
-                env_applied: bool = True) -> None:
+async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool: str, first_seen: float) -> None:
     meta = body["metadata"]
     gen = meta.get("generation")
     status = body.get("status") or {}
