@@ -145,6 +145,10 @@ up() {
     --node-lease-duration-seconds 40 -v WARN
   fake_nodes | kc apply -f - >/dev/null
   wait_for "fake nodes Ready" 60 kc wait --for condition=Ready node --all --timeout 2s
+  # The TaintNodesByCondition admission plugin puts node.kubernetes.io/not-ready on every new node; the node
+  # lifecycle controller that would lift it is off (kwok's nodes have no kubelet to evict from), so lift it here.
+  local node
+  for node in $(kc get nodes -o name); do kc patch "$node" --type merge -p '{"spec":{"taints":null}}' >/dev/null; done
   wait_for "default service account" 60 kc get serviceaccount default -n default
   log "cluster up: export KUBECONFIG=$KUBECONFIG_FILE"
   echo "$KUBECONFIG_FILE"
