@@ -39,7 +39,7 @@ def test_warm_pool_makes_one_warmpool_parented_to_the_component():
         assert "corral:index:WarmPool$kubernetes:corral.dev/v1alpha1:WarmPool::python-warm-warmpool" in urn
         assert "corral:index:SandboxTemplate$kubernetes:corral.dev/v1alpha1:SandboxTemplate" in tpl_urn
         assert wp_name == "python-warm"
-        assert [r.typ for r in mocks.resources if r.typ.startswith("corral:index:")] == [
+        assert sorted(r.typ for r in mocks.resources if r.typ.startswith("corral:index:")) == [
             "corral:index:SandboxTemplate", "corral:index:WarmPool"]
 
     return check([wp.resource.urn, tpl.resource.urn, wp.name], verify)
