@@ -20,6 +20,25 @@ def _metadata(name: pulumi.Input[str], namespace: pulumi.Input[str], labels: dic
     return {"name": name, "namespace": namespace, "labels": {**PART_OF, **labels}}
 
 
+def _register(component: Any, role: str, kind: str, name: str, namespace: pulumi.Input[str],
+              labels: dict[str, str], spec: pulumi.Input[dict[str, Any]]) -> None:
+    """Create the component's one custom resource and its outputs (name, namespace, status)."""
+    component.resource = CorralResource(
+        role, kind=kind, metadata=_metadata(name, namespace, labels), spec=spec,
+        opts=pulumi.ResourceOptions(parent=component),
+    )
+    component.name = component.resource.metadata.apply(lambda m: m["name"])
+    component.namespace = component.resource.metadata.apply(lambda m: m["namespace"])
+    component.status = component.resource.status
+    component.register_outputs({"name": component.name, "namespace": component.namespace, "status": component.status})
+
+
+def _with_template(spec: dict[str, Any], template: "SandboxTemplate | str") -> pulumi.Output[dict[str, Any]]:
+    """The spec with templateRef set from a template component (or name), which may not be known yet."""
+    name = template.name if isinstance(template, SandboxTemplate) else template
+    return pulumi.Output.from_input(name).apply(lambda t: {**spec, "templateRef": {"name": t}})
+
+
 @dataclass
 class SandboxTemplateArgs:
     """Arguments of a SandboxTemplate component."""
@@ -47,21 +66,8 @@ class SandboxTemplate(pulumi.ComponentResource):
     def __init__(self, name: str, args: SandboxTemplateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TOKEN.format("SandboxTemplate"), name, None, opts)
         spec = SandboxTemplateSpec.model_validate(args.spec)
-        self.resource = CorralResource(
-            f"{name}-template",
-            kind="SandboxTemplate",
-            metadata=_metadata(args.resource_name or name, args.namespace, args.labels),
-            spec=spec.to_k8s(),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        self.name = self.resource.metadata.apply(lambda m: m["name"])
-        self.namespace = self.resource.metadata.apply(lambda m: m["namespace"])
-        self.status = self.resource.status
-        self.register_outputs({"name": self.name, "namespace": self.namespace, "status": self.status})
-
-
-def _template_name(template: SandboxTemplate | str) -> pulumi.Input[str]:
-    return template.name if isinstance(template, SandboxTemplate) else template
+        _register(self, f"{name}-template", "SandboxTemplate", args.resource_name or name, args.namespace,
+                  args.labels, spec.to_k8s())
 
 
 @dataclass
@@ -100,18 +106,8 @@ class WarmPool(pulumi.ComponentResource):
             update_strategy=UpdateStrategy(type=args.update_strategy),
             readiness_grace_seconds=args.readiness_grace_seconds,
         ).to_k8s()
-        template_name = _template_name(args.template)
-        self.resource = CorralResource(
-            f"{name}-warmpool",
-            kind="WarmPool",
-            metadata=_metadata(args.resource_name or name, args.namespace, args.labels),
-            spec=pulumi.Output.from_input(template_name).apply(lambda t: {**spec, "templateRef": {"name": t}}),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        self.name = self.resource.metadata.apply(lambda m: m["name"])
-        self.namespace = self.resource.metadata.apply(lambda m: m["namespace"])
-        self.status = self.resource.status
-        self.register_outputs({"name": self.name, "namespace": self.namespace, "status": self.status})
+        _register(self, f"{name}-warmpool", "WarmPool", args.resource_name or name, args.namespace, args.labels,
+                  _with_template(spec, args.template))
 
 
 @dataclass
@@ -146,16 +142,5 @@ class Pool(pulumi.ComponentResource):
             recycle_strategy=args.recycle_strategy,
             max_unavailable=args.max_unavailable,
         ).to_k8s()
-        self.resource = CorralResource(
-            f"{name}-pool",
-            kind="Pool",
-            metadata=_metadata(args.resource_name or name, args.namespace, args.labels),
-            spec=pulumi.Output.from_input(_template_name(args.template)).apply(
-                lambda t: {**spec, "templateRef": {"name": t}}
-            ),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        self.name = self.resource.metadata.apply(lambda m: m["name"])
-        self.namespace = self.resource.metadata.apply(lambda m: m["namespace"])
-        self.status = self.resource.status
-        self.register_outputs({"name": self.name, "namespace": self.namespace, "status": self.status})
+        _register(self, f"{name}-pool", "Pool", args.resource_name or name, args.namespace, args.labels,
+                  _with_template(spec, args.template))

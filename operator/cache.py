@@ -83,8 +83,8 @@ def sandbox_of_pod(labels: dict[str, str]) -> str | None:
 class Cache:
     """Typed access to the live kopf indices (bound from the first handler call)."""
 
-    NAMES = ("templates_idx", "warmpools_idx", "pools_idx", "claims_idx", "sandboxes_idx", "pool_members_idx",
-             "claim_sandbox_idx", "pods_idx")
+    NAMES = ("templates_idx", "warmpools_idx", "pools_idx", "claims_idx", "claims_by_pool_idx", "sandboxes_idx",
+             "pool_members_idx", "claim_sandbox_idx", "pods_idx")
 
     def __init__(self) -> None:
         self._idx: dict[str, Any] = {}
@@ -149,16 +149,8 @@ class Cache:
         return out
 
     def claims_for(self, ns: str, kind: str, pool: str) -> list[dict[str, Any]]:
-        idx = self._idx.get("claims_idx") or {}
-        out = []
-        for key in list(idx):
-            if key[0] != ns:
-                continue
-            for body in idx[key]:
-                ref = (body.get("spec") or {}).get("poolRef") or {}
-                if ref.get("name") == pool and ref.get("kind", "WarmPool") == kind:
-                    out.append(body)
-        return out
+        """Claims on one pool (an index lookup: pool reconciles run on every member event)."""
+        return self._all("claims_by_pool_idx", (ns, kind, pool))
 
     def count(self, index: str) -> int:
         idx = self._idx.get(index) or {}

@@ -123,6 +123,12 @@ def claims_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]
     return {(namespace, name): _body(body)}
 
 
+@kopf.index(GROUP, VERSION, "sandboxclaims")
+def claims_by_pool_idx(namespace: str, spec: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    ref = spec.get("poolRef") or {}
+    return {(namespace, ref.get("kind", "WarmPool"), ref.get("name", "")): _body(body)}
+
+
 @kopf.index(GROUP, VERSION, "sandboxes")
 def sandboxes_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): _body(body)}

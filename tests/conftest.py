@@ -6,6 +6,7 @@ A tier whose tool is missing fails with the command that builds it; nothing is s
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,3 +138,13 @@ def pulumi_cli(tmp_path_factory):
         pytest.fail("the Pulumi CLI, its Python language host or the kubernetes provider is missing: "
                     "run scripts/toolchain.sh pulumi k8s-provider (or scripts/setup.sh)", pytrace=False)
     return PulumiCLI(env=env, backend=backend)
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project's Pulumi files, so an engine test's stack state never touches the repository."""
+    for name in ("Pulumi.yaml", "__main__.py"):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "stacks", tmp_path / "stacks")
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    return tmp_path

@@ -64,6 +64,24 @@ async def delete_batches(ctx: Context, victims: list[Member], cap: int) -> tuple
     return done, None
 
 
+async def _load(ctx: Context, kind: str, model: type, ns: str, name: str) -> tuple[Any, Any, Any, str] | None:
+    """The pool's body, validated spec, template and blueprint hash; None (with a condition set) if it can't run."""
+    body = ctx.cache.pool_of_kind(ns, kind, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        spec = validate(model, body["spec"])
+    except CorralValidationError as exc:
+        await _fail_status(ctx, kind, body, "InvalidSpec", str(exc))
+        return None
+    template, bp_hash = _template_or_none(ctx, ns, spec.template_ref.name)
+    if template is None or bp_hash is None:
+        await _fail_status(ctx, kind, body, "TemplateNotFound",
+                           f"SandboxTemplate {spec.template_ref.name!r} does not exist (or is invalid) in {ns}")
+        return None
+    return body, spec, template, bp_hash
+
+
 def _template_or_none(ctx: Context, ns: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
     template = ctx.cache.template(ns, name)
     if template is None:
@@ -89,19 +107,10 @@ async def _create_member(ctx: Context, kind: str, body: dict[str, Any], template
 
 async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     ctx.cancel_at("WarmPool", ns, name)  # re-armed below if an unready sandbox still has a grace deadline
-    body = ctx.cache.warmpool(ns, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+    loaded = await _load(ctx, "WarmPool", WarmPoolSpec, ns, name)
+    if loaded is None:
         return
-    try:
-        spec = validate(WarmPoolSpec, body["spec"])
-    except CorralValidationError as exc:
-        await _fail_status(ctx, "WarmPool", body, "InvalidSpec", str(exc))
-        return
-    template, bp_hash = _template_or_none(ctx, ns, spec.template_ref.name)
-    if template is None:
-        await _fail_status(ctx, "WarmPool", body, "TemplateNotFound",
-                           f"SandboxTemplate {spec.template_ref.name!r} does not exist (or is invalid) in {ns}")
-        return
+    body, spec, template, bp_hash = loaded
     members = ctx.cache.members(ns, "WarmPool", name)
     idle = [m for m in members if not m.claim and not m.deleting and (ns, m.name) not in ctx.reserved]
     now = time.time()
@@ -170,19 +179,10 @@ async def reconcile_pool(ctx: Context, ns: str, name: str) -> None:
 
 
 async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
-    body = ctx.cache.pool(ns, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+    loaded = await _load(ctx, "Pool", PoolSpec, ns, name)
+    if loaded is None:
         return
-    try:
-        spec = validate(PoolSpec, body["spec"])
-    except CorralValidationError as exc:
-        await _fail_status(ctx, "Pool", body, "InvalidSpec", str(exc))
-        return
-    template, bp_hash = _template_or_none(ctx, ns, spec.template_ref.name)
-    if template is None:
-        await _fail_status(ctx, "Pool", body, "TemplateNotFound",
-                           f"SandboxTemplate {spec.template_ref.name!r} does not exist (or is invalid) in {ns}")
-        return
+    body, spec, template, bp_hash = loaded
     members = ctx.cache.members(ns, "Pool", name)
     # Allocated sandboxes whose claim is gone are released: recycled as the pool says.
     for m in members:

@@ -2,7 +2,6 @@
 no changes; destroy leaves nothing behind."""
 
 import json
-import shutil
 from pathlib import Path
 import time
 
@@ -17,16 +16,6 @@ pytestmark = pytest.mark.engine
 
 CORRAL_CRDS = {"sandboxtemplates.corral.dev", "sandboxes.corral.dev", "warmpools.corral.dev", "pools.corral.dev",
                "sandboxclaims.corral.dev"}
-
-
-@pytest.fixture
-def project(tmp_path):
-    """A copy of the project's Pulumi files, so the test's stack state never touches the repository."""
-    for name in ("Pulumi.yaml", "__main__.py"):
-        shutil.copy(REPO / name, tmp_path / name)
-    shutil.copytree(REPO / "stacks", tmp_path / "stacks")
-    (tmp_path / ".venv").symlink_to(REPO / ".venv")
-    return tmp_path
 
 
 def test_dev_stack_up_is_stable_and_destroy_cleans_up(pulumi_cli, kube_cluster, kube, project):

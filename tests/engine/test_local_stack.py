@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -38,16 +37,6 @@ def idle_ready(url: str, pool: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
     m = re.search(rf'corral_pool_sandboxes{{pool="{pool}",state="idle_ready"}} ([0-9.e+]+)', text)
     return float(m.group(1)) if m else 0.0
-
-
-@pytest.fixture
-def project(tmp_path):
-    """A copy of the project's Pulumi files, so the test's stack state never touches the repository."""
-    for name in ("Pulumi.yaml", "__main__.py"):
-        shutil.copy(REPO / name, tmp_path / name)
-    shutil.copytree(REPO / "stacks", tmp_path / "stacks")
-    (tmp_path / ".venv").symlink_to(REPO / ".venv")
-    return tmp_path
 
 
 def test_local_stack_up_claim_and_destroy(pulumi_cli, docker_client, project, tmp_path):

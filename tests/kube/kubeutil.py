@@ -65,3 +65,20 @@ def idle_ready(kube, ns: str, pool_name: str) -> list[Any]:
         if "corral.dev/claim" not in labels and ready and not s.metadata.deletionTimestamp:
             out.append(s)
     return out
+
+
+def claim_status(kube, ns: str, name: str) -> dict[str, Any] | None:
+    """The claim's status, or None once it is gone."""
+    from lightkube import ApiError
+
+    try:
+        return status(kube.get(SandboxClaim, name, namespace=ns))
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+
+
+def bound(kube, ns: str, name: str) -> dict[str, Any] | None:
+    st = claim_status(kube, ns, name)
+    return st if st and st.get("phase") == "Bound" else None

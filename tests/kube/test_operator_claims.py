@@ -7,23 +7,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from lightkube import ApiError, AsyncClient, KubeConfig
 
-from kubeutil import Sandbox, SandboxClaim, claim, idle_ready, status, template, wait_until, warm_pool
+from kubeutil import Sandbox, SandboxClaim, bound, claim, claim_status, idle_ready, status, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
-
-
-def claim_status(kube, ns, name):
-    try:
-        return status(kube.get(SandboxClaim, name, namespace=ns))
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
-
-
-def bound(kube, ns, name):
-    st = claim_status(kube, ns, name)
-    return st if st and st.get("phase") == "Bound" else None
 
 
 def wait_ready_pool(kube, ns, name, n, timeout=120):

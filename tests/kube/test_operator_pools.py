@@ -8,7 +8,7 @@ import pytest
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Pod
 
-from kubeutil import Pool, Sandbox, SandboxClaim, claim, pool, status, template, wait_until
+from kubeutil import Pool, Sandbox, SandboxClaim, bound, claim, claim_status, pool, status, template, wait_until
 
 pytestmark = pytest.mark.kube
 
@@ -24,20 +24,6 @@ def ready(s):
 def idle(kube, ns, name):
     return [s for s in members(kube, ns, name)
             if "corral.dev/claim" not in (s.metadata.labels or {}) and not s.metadata.deletionTimestamp]
-
-
-def claim_status(kube, ns, name):
-    try:
-        return status(kube.get(SandboxClaim, name, namespace=ns))
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
-
-
-def bound(kube, ns, name):
-    st = claim_status(kube, ns, name)
-    return st if st and st.get("phase") == "Bound" else None
 
 
 class TotalSampler:
