@@ -318,23 +318,45 @@ def default_state_root() -> Path:
 
 @dataclass
 class DockerStackArgs:
+    """Arguments of a DockerStack component."""
+
     stack: str
-    templates: dict[str, dict[str, Any]]                  # name -> SandboxTemplate spec (wire form)
-    warm_pools: list[dict[str, Any]] = field(default_factory=list)   # WarmPoolSpec fields
-    pools: list[dict[str, Any]] = field(default_factory=list)        # PoolSpec fields
+    """Name of this Corral on the Docker host: every container, network and volume carries
+    corral.dev/stack=<stack>, and destroy removes exactly those."""
+    templates: dict[str, dict[str, Any]]
+    """Sandbox templates by name, each a SandboxTemplate spec in its Kubernetes form (camelCase keys)."""
+    warm_pools: list[dict[str, Any]] = field(default_factory=list)
+    """Warm pools: each {name, template, replicas, update_strategy (OnReplenish or Recreate)}."""
+    pools: list[dict[str, Any]] = field(default_factory=list)
+    """Elastic pools: each {name, template, buffer_min, buffer_max, pool_min, pool_max, recycle_strategy
+    (Delete, Restart or Noop), max_unavailable}."""
     api_port: int = 7780
+    """Port of the claims API on the host's 127.0.0.1."""
     host: str | None = None
-    internal_networks: list[str] = field(default_factory=list)      # templates whose network has no route out
-    operator_image: str | None = None                                 # default: corral/operator:<sources key>
-    pools_dir: str | None = None                                      # default: $CORRAL_CACHE/run/docker-stacks/<stack>
+    """Docker Engine to use (e.g. unix:///var/run/docker.sock; default: the environment's DOCKER_HOST)."""
+    internal_networks: list[str] = field(default_factory=list)
+    """Templates whose sandbox network has no route out (Docker internal networks)."""
+    operator_image: str | None = None
+    """Operator image to run; it must exist on the engine (default: corral/operator:<sources key>, built offline
+    from this checkout when missing)."""
+    pools_dir: str | None = None
+    """Host folder of the pools file the operator reads (default: $CORRAL_CACHE/run/docker-stacks/<stack>)."""
     log_level: str = "info"
+    """The operator's log level (debug, info, warning, error)."""
 
 
 class DockerStack(pulumi.ComponentResource):
+    """Corral on one Docker host: the operator container (claims API, warm pools and pools of hardened sandbox
+    containers) with its networks, state volume and pools file."""
+
     api_url: pulumi.Output[str]
+    """Base URL of the claims API (http://127.0.0.1:<api_port>), known once the operator answers."""
     api_token: pulumi.Output[str]
+    """Bearer token of the claims API (secret)."""
     operator_image: pulumi.Output[str]
+    """The operator image that runs."""
     networks: pulumi.Output[list[str]]
+    """Docker networks of the templates' sandboxes."""
 
     def __init__(self, name: str, args: DockerStackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("corral:index:DockerStack", name, None, opts)

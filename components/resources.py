@@ -1,9 +1,14 @@
-"""SandboxTemplate, WarmPool and Pool as Pulumi components: typed args from corral.api, one custom resource each."""
+"""SandboxTemplate, WarmPool and Pool as Pulumi components: typed args from corral.api, one custom resource each.
+
+Part of Corral's public API (`from corral.components import ...`, see CHANGELOG.md): every args field and output is
+documented here, and the component provider (corral.components.provider) mirrors these args for other languages; a
+unit test keeps the two equal.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pulumi
 
@@ -43,12 +48,13 @@ def _with_template(spec: dict[str, Any], template: "SandboxTemplate | str") -> p
 class SandboxTemplateArgs:
     """Arguments of a SandboxTemplate component."""
 
-    spec: SandboxTemplateSpec
-    """The blueprint and policy (validated by corral.api)."""
+    spec: SandboxTemplateSpec | dict[str, Any]
+    """The blueprint and policy: a corral.api SandboxTemplateSpec or its Kubernetes form (camelCase keys, as in
+    `kubectl get sbxt -o yaml`), validated before anything is created."""
     namespace: pulumi.Input[str] = "default"
     """Namespace of the template and of every sandbox made from it."""
     resource_name: str | None = None
-    """Kubernetes name (default: the component's name)."""
+    """Kubernetes name of the custom resource (default: the component's name)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Extra labels on the custom resource."""
 
@@ -57,7 +63,7 @@ class SandboxTemplate(pulumi.ComponentResource):
     """A corral.dev/v1alpha1 SandboxTemplate."""
 
     name: pulumi.Output[str]
-    """Kubernetes name of the template."""
+    """Kubernetes name of the template (what a WarmPool's or Pool's `template` takes)."""
     namespace: pulumi.Output[str]
     """Namespace of the template."""
     status: pulumi.Output[Any]
@@ -74,28 +80,33 @@ class SandboxTemplate(pulumi.ComponentResource):
 class WarmPoolArgs:
     """Arguments of a WarmPool component."""
 
-    template: SandboxTemplate | str
-    """The SandboxTemplate component, or the name of an existing template (same namespace)."""
+    template: SandboxTemplate | pulumi.Input[str]
+    """The SandboxTemplate component, or the name of a template in the same namespace (e.g. a SandboxTemplate's
+    `name` output)."""
     replicas: int = 1
-    """Ready, unclaimed sandboxes to keep."""
-    update_strategy: str = "OnReplenish"
-    """OnReplenish or Recreate: what happens to idle sandboxes when the template changes."""
+    """Ready, unclaimed sandboxes to keep (0 to 1000)."""
+    update_strategy: Literal["OnReplenish", "Recreate"] = "OnReplenish"
+    """What happens to idle sandboxes when the template changes: OnReplenish (replaced as they are claimed) or
+    Recreate (replaced now)."""
     readiness_grace_seconds: int = 300
     """A sandbox unready for longer than this is replaced."""
     namespace: pulumi.Input[str] = "default"
     """Namespace of the pool (the template's)."""
     resource_name: str | None = None
-    """Kubernetes name (default: the component's name)."""
+    """Kubernetes name of the custom resource (default: the component's name)."""
     labels: dict[str, str] = field(default_factory=dict)
+    """Extra labels on the custom resource."""
 
 
 class WarmPool(pulumi.ComponentResource):
     """A corral.dev/v1alpha1 WarmPool: keeps `replicas` ready sandboxes of a template."""
 
     name: pulumi.Output[str]
+    """Kubernetes name of the warm pool (what a claim's poolRef names)."""
     namespace: pulumi.Output[str]
+    """Namespace of the warm pool."""
     status: pulumi.Output[Any]
-    """replicas / readyReplicas / updatedReplicas as last read."""
+    """The pool's status as last read (replicas, readyReplicas, updatedReplicas, selector)."""
 
     def __init__(self, name: str, args: WarmPoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TOKEN.format("WarmPool"), name, None, opts)
@@ -114,25 +125,32 @@ class WarmPool(pulumi.ComponentResource):
 class PoolArgs:
     """Arguments of a Pool component."""
 
-    template: SandboxTemplate | str
-    """The SandboxTemplate component, or the name of an existing template (same namespace)."""
-    capacity: Capacity = field(default_factory=Capacity)
-    """Idle buffer and total bounds."""
-    recycle_strategy: str = "Delete"
-    """Delete, Restart or Noop on release."""
+    template: SandboxTemplate | pulumi.Input[str]
+    """The SandboxTemplate component, or the name of a template in the same namespace (e.g. a SandboxTemplate's
+    `name` output)."""
+    capacity: Capacity | dict[str, int] = field(default_factory=Capacity)
+    """Idle buffer [bufferMin, bufferMax] and total bounds [poolMin, poolMax]."""
+    recycle_strategy: Literal["Delete", "Restart", "Noop"] = "Delete"
+    """What happens to a released sandbox: Delete it, Restart its pod fresh, or Noop (back to the pool as is)."""
     max_unavailable: int = 1
     """Most sandboxes deleted at once on scale-down."""
     namespace: pulumi.Input[str] = "default"
+    """Namespace of the pool (the template's)."""
     resource_name: str | None = None
+    """Kubernetes name of the custom resource (default: the component's name)."""
     labels: dict[str, str] = field(default_factory=dict)
+    """Extra labels on the custom resource."""
 
 
 class Pool(pulumi.ComponentResource):
     """A corral.dev/v1alpha1 Pool: elastic capacity with an idle buffer and recycling."""
 
     name: pulumi.Output[str]
+    """Kubernetes name of the pool (what a claim's poolRef names)."""
     namespace: pulumi.Output[str]
+    """Namespace of the pool."""
     status: pulumi.Output[Any]
+    """The pool's status as last read (total, allocated, available, updated, revision)."""
 
     def __init__(self, name: str, args: PoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TOKEN.format("Pool"), name, None, opts)

@@ -1,0 +1,174 @@
+"""The component provider (corral.components.provider) mirrors the Python components: same components, same args
+(names, required ones, plain or Input, enum values, docstrings), same outputs; its schema says so; it constructs
+the Python components themselves. A change to one side without the other fails here."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import typing
+from enum import Enum
+
+import pulumi
+import pytest
+
+import corral.components as components
+from corral.api import Capacity
+from corral.components import resources
+from corral.components import provider as P
+from corral.components.provider import describe
+from corral.operator.docker import spec as docker_spec
+from pulumi.provider.experimental.analyzer import is_input
+from pulumi.provider.experimental.util import camel_case
+
+from pulumi_mocks import MOCKS as mocks
+from pulumi_mocks import install
+
+NAMES = sorted(P.PYTHON_COMPONENTS)
+
+
+def docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a class (the string right after an annotated attribute), tidied like the schema's."""
+    out: dict[str, str] = {}
+    (node,) = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls))).body
+    body = node.body
+    for stmt, nxt in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr) \
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+            out[stmt.target.id] = describe(nxt.value.value)
+    return out
+
+
+def own_annotations(cls: type) -> list[str]:
+    return [k for k in inspect.get_annotations(cls) if not k.startswith("_")]
+
+
+def unwrapped(annotation):
+    """A mirror's annotation without NotRequired/Optional."""
+    while typing.get_origin(annotation) in (typing.NotRequired, typing.Union) and not is_input(annotation):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def mirror_args(name: str) -> type:
+    return inspect.get_annotations(getattr(P, name).__init__)["args"]
+
+
+def required(field: dataclasses.Field) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def test_every_public_component_is_in_the_provider():
+    public = {n for n in components.__all__ if isinstance(getattr(components, n), type)
+              and issubclass(getattr(components, n), pulumi.ComponentResource)}
+    public.discard("CorralCRDs")  # installed by ControllerDeployment, not a component of its own for other languages
+    assert {c.__name__ for c in P.COMPONENTS} == public == set(NAMES)
+    for c in P.COMPONENTS:
+        core, _ = P.PYTHON_COMPONENTS[c.__name__]
+        assert c.__mro__[1] is core and core is getattr(components, c.__name__)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_args_mirror_the_python_args(name):
+    core, core_args = P.PYTHON_COMPONENTS[name]
+    mirror = mirror_args(name)
+    fields = dataclasses.fields(core_args)
+    assert list(mirror.__annotations__) == [f.name for f in fields]
+    assert set(mirror.__required_keys__) == {f.name for f in fields if required(f)}
+    # Every field is documented, and the same way on both sides.
+    core_docs = docs(core_args)
+    assert set(core_docs) == {f.name for f in fields}, f"undocumented: {set(f.name for f in fields) - set(core_docs)}"
+    assert docs(mirror) == core_docs
+    assert describe(mirror.__doc__) == describe(core_args.__doc__)
+    # Plain in Python is plain in the schema; an Input stays an Input; a Literal is an enum of the same values.
+    for f in fields:
+        ours = unwrapped(mirror.__annotations__[f.name])
+        assert ("pulumi.Input" in str(f.type)) == is_input(ours), f.name
+        if str(f.type).startswith("Literal["):
+            assert issubclass(ours, Enum), f.name
+            assert [m.value for m in ours] == list(typing.get_args(eval(f.type, vars(typing)))), f.name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_outputs_and_descriptions_mirror_the_python_component(name):
+    core, _ = P.PYTHON_COMPONENTS[name]
+    mirror = getattr(P, name)
+    assert own_annotations(mirror) == own_annotations(core)
+    assert set(docs(core)) == set(own_annotations(core)), "every output has a docstring"
+    assert docs(mirror) == docs(core)
+    assert describe(mirror.__doc__) == describe(core.__doc__)
+
+
+def test_nested_types_mirror_the_models():
+    pairs = [(P.Capacity, Capacity), (P.DockerWarmPool, docker_spec.WarmPoolSpec), (P.DockerPool, docker_spec.PoolSpec)]
+    for mirror, model in pairs:
+        fields = model.model_fields
+        assert list(mirror.__annotations__) == list(fields), mirror.__name__
+        assert set(mirror.__required_keys__) == {k for k, f in fields.items() if f.is_required()}, mirror.__name__
+        for key, f in fields.items():
+            if typing.get_origin(f.annotation) is typing.Literal:
+                ours = unwrapped(mirror.__annotations__[key])
+                assert [m.value for m in ours] == list(typing.get_args(f.annotation)), key
+    assert docs(P.Capacity) == {k: f.description for k, f in Capacity.model_fields.items()}
+    assert describe(P.Capacity.__doc__) == describe(Capacity.__doc__)
+
+
+def test_schema_lists_each_component_with_typed_inputs_outputs_and_descriptions():
+    schema = P.schema()
+    assert schema["name"] == "corral" and schema["version"] == components.__version__
+    assert sorted(schema["resources"]) == [f"corral:index:{n}" for n in NAMES]
+    for name in NAMES:
+        core, core_args = P.PYTHON_COMPONENTS[name]
+        res = schema["resources"][f"corral:index:{name}"]
+        assert res["isComponent"] and res["description"] == describe(core.__doc__)
+        fields = dataclasses.fields(core_args)
+        core_docs = docs(core_args)
+        assert res["inputProperties"] == {
+            camel_case(f.name): {**res["inputProperties"][camel_case(f.name)], "description": core_docs[f.name]}
+            for f in fields}
+        assert sorted(res.get("requiredInputs", [])) == sorted(camel_case(f.name) for f in fields if required(f))
+        assert all("type" in p or "$ref" in p for p in res["inputProperties"].values())
+        assert {k: v["description"] for k, v in res["properties"].items()} == {
+            camel_case(k): v for k, v in docs(core).items()}
+    wp = schema["resources"]["corral:index:WarmPool"]["inputProperties"]
+    assert wp["replicas"] == {"type": "integer", "plain": True, "description": docs(resources.WarmPoolArgs)["replicas"]}
+    assert wp["template"]["type"] == "string" and "plain" not in wp["template"]  # takes a template's `name` output
+    assert wp["updateStrategy"]["$ref"] == "#/types/corral:index:UpdateStrategy"
+    assert [e["value"] for e in schema["types"]["corral:index:UpdateStrategy"]["enum"]] == ["OnReplenish", "Recreate"]
+    pool = schema["resources"]["corral:index:Pool"]["inputProperties"]
+    assert pool["capacity"]["$ref"] == "#/types/corral:index:Capacity"
+    assert set(schema["types"]["corral:index:Capacity"]["properties"]) == {"bufferMin", "bufferMax", "poolMin",
+                                                                            "poolMax"}
+    stack = schema["resources"]["corral:index:DockerStack"]["inputProperties"]
+    assert stack["warmPools"]["items"]["$ref"] == "#/types/corral:index:DockerWarmPool"
+
+
+@pulumi.runtime.test
+def test_construct_builds_the_python_component_from_schema_inputs():
+    """What another language sends (camelCase names, numbers as floats, enum values as strings) becomes the Python
+    component itself: one corral:index:Pool, its Pool custom resource, and outputs named as in the schema."""
+    install()
+    p = P.provider()
+    result = p.construct("elastic", "corral:index:Pool", {
+        "template": "python", "namespace": "sbx", "recycleStrategy": "Restart", "maxUnavailable": 2.0,
+        "capacity": {"bufferMin": 1.0, "bufferMax": 3.0, "poolMax": 5.0}}, None)
+
+    def verify(_):
+        assert [r.typ for r in mocks.resources if r.typ.startswith("corral:index:")] == ["corral:index:Pool"]
+        (cr,) = mocks.of_type("kubernetes:corral.dev/v1alpha1:Pool")
+        assert cr.inputs["spec"] == {"templateRef": {"name": "python"}, "recycleStrategy": "Restart",
+                                     "maxUnavailable": 2,
+                                     "capacity": {"bufferMin": 1, "bufferMax": 3, "poolMin": 0, "poolMax": 5}}
+        assert cr.inputs["metadata"]["namespace"] == "sbx"
+        assert set(result.state) == {"name", "namespace", "status"}
+
+    return pulumi.Output.all(result.urn, result.state["name"]).apply(verify)
+
+
+def test_construct_rejects_a_bad_enum_value_with_its_path():
+    from pulumi.errors import InputPropertyError
+
+    p = P.provider()
+    with pytest.raises(InputPropertyError, match="UpdateStrategy"):
+        p.construct("w", "corral:index:WarmPool", {"template": "t", "updateStrategy": "Sometimes"}, None)
