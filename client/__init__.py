@@ -1,1 +1,27 @@
-"""corral.client: the Python SDK and the corral CLI."""
+"""corral.client: the Python SDK and the `corral` CLI.
+
+    from corral.client import Client
+
+    with Client() as client:                                  # CORRAL_API_URL/TOKEN or ~/.config/corral/config.toml
+        with client.claim(pool="python", ttl=600) as sbx:     # released on exit
+            print(sbx.commands.run("python3 -c 'print(6*7)'").stdout)
+
+`AsyncClient` is the asyncio twin. Errors are the typed exceptions of `corral.client.errors`.
+"""
+
+from ._ops import Retry
+from .aio import AsyncClient, AsyncSandbox
+from .errors import (
+    ClaimFailed, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, NotReady, ServerError, TransportError,
+    Unauthorized, Unavailable,
+)
+from .models import Claim, CommandResult, CommandStatus, Exit, FileInfo, Output, PoolStatus, SearchResult, Snapshot
+from .sync import Client, Sandbox
+from .terminal import AsyncTerminal, Terminal
+
+__all__ = [
+    "Client", "Sandbox", "AsyncClient", "AsyncSandbox", "Terminal", "AsyncTerminal", "Retry",
+    "CorralError", "InvalidRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "NotReady", "ClaimFailed",
+    "Unavailable", "ServerError", "TransportError",
+    "Claim", "PoolStatus", "Snapshot", "CommandResult", "CommandStatus", "Output", "Exit", "FileInfo", "SearchResult",
+]

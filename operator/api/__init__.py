@@ -5,11 +5,23 @@
 `{"code", "message"}` with a 4xx/5xx status.
 """
 
-from .app import create_app
 from .backend import BackendError, ClaimsBackend, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
-from .models import Claim, ClaimList, ClaimRequest, Error, RenewRequest, Snapshot, SnapshotRequest
+from .models import (
+    Claim, ClaimList, ClaimRequest, Error, PoolList, PoolStatus, RenewRequest, Snapshot, SnapshotRequest,
+)
 
 __all__ = [
     "create_app", "ClaimsBackend", "ExecdTarget", "BackendError", "NotFound", "Conflict", "Invalid", "Unavailable",
-    "Claim", "ClaimList", "ClaimRequest", "Error", "RenewRequest", "Snapshot", "SnapshotRequest",
+    "Claim", "ClaimList", "ClaimRequest", "Error", "PoolList", "PoolStatus", "RenewRequest", "Snapshot",
+    "SnapshotRequest",
 ]
+
+
+def __getattr__(name: str):
+    # create_app is imported on first use: the SDK and CLI import corral.operator.api.models for the wire types and
+    # should not pay for FastAPI (~0.4 s) on every `corral` command.
+    if name == "create_app":
+        from .app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,7 @@
     POST   /v1/claims/{name}/renew            {ttlSeconds}
     POST   /v1/claims/{name}/pause | /resume
     POST   /v1/claims/{name}/snapshot         {tag?} -> {image, id}
+    GET    /v1/pools                          pools with desired/ready/idle/allocated (501 if the backend has none)
     ANY    /v1/claims/{name}/execd/{path}     proxied to the sandbox's execd (its token added; yours removed);
                                               WebSockets too (execd's PTY), same path
     GET    /v1/health, /metrics               no token
@@ -28,9 +29,9 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .backend import BackendError, ClaimsBackend
-from .models import Claim, ClaimList, ClaimRequest, Error, RenewRequest, Snapshot, SnapshotRequest
+from .models import Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, Snapshot, SnapshotRequest
 
-REQUESTS = Counter("corral_api_requests_total", "Claims API requests", ["route", "status"])
+REQUESTS = Counter("corral_claims_api_requests_total", "Claims HTTP API requests", ["route", "status"])
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", "x-execd-access-token", "content-length"}
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -127,6 +128,13 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
     @app.post("/v1/claims/{name}/snapshot", response_model=Snapshot, dependencies=auth)
     async def snapshot(name: str, req: SnapshotRequest | None = None) -> Snapshot:
         return await backend.snapshot_claim(name, req or SnapshotRequest())
+
+    @app.get("/v1/pools", response_model=PoolList, dependencies=auth, responses={501: {"model": Error}})
+    async def list_pools() -> PoolList:
+        lister = getattr(backend, "list_pools", None)
+        if lister is None:
+            raise BackendError("this mode's backend cannot list pools yet", code="not_implemented", status=501)
+        return PoolList(items=await lister())
 
     @app.api_route("/v1/claims/{name}/execd/{path:path}", dependencies=auth, include_in_schema=False,
                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])

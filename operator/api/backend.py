@@ -3,6 +3,9 @@
 Every method is async and raises a `BackendError` subclass for anything the client should see (it becomes the
 `{code, message}` body with the error's status). `execd_target` is all the proxy needs: where the sandbox's execd
 answers and with which token; the API never exposes either to clients.
+
+`list_pools` (GET /v1/pools, for `corral pools`) was added after the first version; a backend that does not have it
+yet makes that route answer 501 `not_implemented` (the app checks with getattr), everything else is unaffected.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .models import Claim, ClaimRequest, Snapshot, SnapshotRequest
+from .models import Claim, ClaimRequest, PoolStatus, Snapshot, SnapshotRequest
 
 
 class BackendError(Exception):
@@ -72,3 +75,7 @@ class ClaimsBackend(Protocol):
 
     async def execd_target(self, name: str) -> ExecdTarget:
         """Where the claim's execd answers (the claim must be Ready)."""
+
+    async def list_pools(self) -> list[PoolStatus]:
+        """Every WarmPool and Pool of the mode (Kubernetes: of the operator's namespaces) with its counts:
+        desired, ready (idle and ready), idle (unclaimed, ready or starting), allocated (bound to a claim)."""

@@ -78,3 +78,18 @@ class Snapshot(_M):
     claim: str
     image: str = Field(description="Local image reference; pass it as `snapshot` of a new claim or as a template image.")
     id: str
+
+
+class PoolStatus(_M):
+    name: str
+    kind: Literal["WarmPool", "Pool"]
+    template: str
+    desired: int = Field(description="Sandboxes the pool wants now: a WarmPool's replicas (idle), a Pool's "
+                                     "allocated + bufferMin clamped to [poolMin, poolMax] (total).")
+    ready: int = Field(description="Idle and ready: claimable warm right now.")
+    idle: int = Field(description="Not bound to a claim: ready + still starting.")
+    allocated: int = Field(description="Bound to a claim (or being released/recycled).")
+
+
+class PoolList(_M):
+    items: list[PoolStatus]

@@ -11,6 +11,7 @@ import time
 
 import httpx
 
+from corral.operator.api.models import PoolStatus
 from corral.operator.planning import MAX_BATCH, plan_pool, plan_warm_pool
 
 from . import engine
@@ -50,6 +51,24 @@ class PoolsMixin:
                              allocated=allocated, terminating=terminating, expected_creates=0,
                              current_hash=tmpl.blueprint_hash())
         return plan, (kind, tmpl)
+
+    async def list_pools(self) -> list[PoolStatus]:
+        """GET /v1/pools: every pool of the pools file with its counts, from one read of the store."""
+        rows = await self.run(self.store.sandboxes)
+        out = []
+        for spec in [*self.desired.warm_pools, *self.desired.pools]:
+            mine = [r for r in rows if r.pool == spec.name]
+            idle = [r for r in mine if r.claim is None and r.state in ("creating", "ready")]
+            allocated = sum(1 for r in mine if r.claim is not None or r.state in ("releasing", "recycling"))
+            if isinstance(spec, WarmPoolSpec):
+                kind, desired = "WarmPool", spec.replicas
+            else:
+                kind = "Pool"
+                desired = max(spec.pool_min, min(spec.pool_max, allocated + spec.buffer_min))
+            out.append(PoolStatus(name=spec.name, kind=kind, template=spec.template, desired=desired,
+                                  ready=sum(1 for r in idle if r.state == "ready"), idle=len(idle),
+                                  allocated=allocated))
+        return out
 
     async def _pool_worker(self, pool: str) -> None:
         """One worker per pool: plan, act on one slow-start batch, re-plan; sleep until woken."""

@@ -1,0 +1,301 @@
+"""The `corral` command line (typer + rich), on the SDK.
+
+    corral pools [--watch]                    pools: desired / ready / idle / allocated
+    corral claim POOL [--env K=V] [--ttl S]   claim a sandbox, print its name
+    corral ls [--pool P]                      claims
+    corral exec NAME -- CMD [ARGS...]         run a command, stream its output, exit with its exit code
+    corral shell NAME                         interactive terminal (raw mode, resizes follow the window)
+    corral cp SRC DST                         NAME:/path on either side; streamed with a progress bar
+    corral release NAME...                    end claims
+    corral config pulumi --stack local        write ~/.config/corral/config.toml from the stack's outputs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.progress import (
+    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+)
+from rich.table import Table
+
+from . import config as cfg
+from .errors import CorralError
+from .sync import Client
+
+app = typer.Typer(name="corral", help="Claim and use Corral sandboxes.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+config_app = typer.Typer(help="Where the claims API is: the config file.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+err = Console(stderr=True)
+
+
+class Ctx:
+    def __init__(self, url: str | None, token: str | None):
+        self.url, self.token = url, token
+
+    def client(self, **kw: Any) -> Client:
+        return Client(self.url, self.token, **kw)
+
+
+def fail(exc: Exception, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+    return typer.Exit(code)
+
+
+def run_cli(fn: Any) -> Any:
+    try:
+        return fn()
+    except CorralError as exc:
+        raise fail(exc) from None
+
+
+@app.callback()
+def main(ctx: typer.Context,
+         url: Annotated[Optional[str], typer.Option(envvar=cfg.ENV_URL, help="Claims API URL.", show_envvar=True)] = None,
+         token: Annotated[Optional[str], typer.Option(envvar=cfg.ENV_TOKEN, help="Claims API token.",
+                                                      show_envvar=True, show_default=False)] = None) -> None:
+    ctx.obj = Ctx(url, token)
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{pair!r}: use KEY=VALUE", param_hint="--env")
+        env[key] = value
+    return env
+
+
+# --- pools and claims ----------------------------------------------------------------------------------------------
+def _pools_table(pools: list[Any]) -> Table:
+    t = Table(title=f"pools ({time.strftime('%H:%M:%S')})", title_justify="left")
+    for col in ("pool", "kind", "template"):
+        t.add_column(col, no_wrap=True)
+    for col in ("desired", "ready", "idle", "allocated"):
+        t.add_column(col, justify="right")
+    for p in pools:
+        ready = f"[green]{p.ready}[/green]" if p.ready else "[yellow]0[/yellow]"
+        t.add_row(p.name, p.kind, p.template, str(p.desired), ready, str(p.idle), str(p.allocated))
+    return t
+
+
+@app.command()
+def pools(ctx: typer.Context,
+          watch: Annotated[bool, typer.Option("--watch", "-w", help="Keep the table live.")] = False,
+          interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 1.0,
+          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Pools with desired / ready / idle / allocated sandboxes."""
+    with run_cli(ctx.obj.client) as client:
+        items = run_cli(client.pools)
+        if as_json:
+            out.print_json(json.dumps([p.model_dump(mode="json") for p in items]))
+            return
+        if not watch:
+            out.print(_pools_table(items))
+            return
+        try:
+            with Live(_pools_table(items), console=out, auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(_pools_table(run_cli(client.pools)), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
+def claim(ctx: typer.Context, pool: Annotated[str, typer.Argument(help="WarmPool or Pool to claim from.")],
+          env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for its commands.")] = [],  # noqa: B006
+          ttl: Annotated[Optional[int], typer.Option(help="Lease in seconds (renewable).")] = None,
+          name: Annotated[Optional[str], typer.Option(help="Claim name (default: generated).")] = None,
+          snapshot: Annotated[Optional[str], typer.Option(help="Start from this snapshot image.")] = None,
+          retain: Annotated[bool, typer.Option(help="Keep the container when the claim ends.")] = False,
+          timeout: Annotated[float, typer.Option(help="Seconds to wait for Ready.")] = 120.0,
+          as_json: Annotated[bool, typer.Option("--json", help="Print the claim as JSON.")] = False) -> None:
+    """Claim a sandbox; prints its name (use it with exec, shell, cp, release)."""
+    with run_cli(ctx.obj.client) as client:
+        sbx = run_cli(lambda: client.claim(pool, env=_env(env), ttl=ttl, name=name, snapshot=snapshot,
+                                           shutdown_policy="Retain" if retain else "Delete", timeout=timeout))
+        if as_json:
+            out.print_json(sbx.claim.model_dump_json(by_alias=True))
+        else:
+            print(sbx.name)
+            err.print(f"[dim]{sbx.claim.launch_type} claim of {pool}, sandbox {sbx.claim.sandbox.name if sbx.claim.sandbox else '-'}"
+                      f"{', expires ' + sbx.claim.expires_at.isoformat() if sbx.claim.expires_at else ''}[/dim]")
+
+
+@app.command("ls")
+def list_claims(ctx: typer.Context,
+                pool: Annotated[Optional[str], typer.Option(help="Only this pool's claims.")] = None,
+                as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List claims."""
+    with run_cli(ctx.obj.client) as client:
+        claims = run_cli(lambda: client.claims(pool))
+    if as_json:
+        out.print_json(json.dumps([c.model_dump(mode="json", by_alias=True) for c in claims]))
+        return
+    t = Table()
+    for col in ("name", "pool", "phase", "launch", "sandbox", "created", "expires"):
+        t.add_column(col, no_wrap=True)
+    for c in claims:
+        t.add_row(c.name, c.pool, c.phase, c.launch_type or "-", c.sandbox.name if c.sandbox else "-",
+                  c.created.strftime("%H:%M:%S"), c.expires_at.strftime("%H:%M:%S") if c.expires_at else "-")
+    out.print(t)
+
+
+@app.command()
+def release(ctx: typer.Context, names: Annotated[list[str], typer.Argument(help="Claims to end.")]) -> None:
+    """End claims (their sandboxes are deleted, recycled into their Pool, or retained)."""
+    missing = 0
+    with run_cli(ctx.obj.client) as client:
+        for name in names:
+            if run_cli(lambda: client.release(name)):
+                err.print(f"released {name}", highlight=False)
+            else:
+                err.print(f"[yellow]no claim named {name}[/yellow]", highlight=False)
+                missing += 1
+    if missing:
+        raise typer.Exit(1)
+
+
+# --- exec and shell ------------------------------------------------------------------------------------------------
+@app.command("exec", context_settings={"allow_interspersed_args": False})
+def exec_(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim name.")],
+          command: Annotated[list[str], typer.Argument(help="One argument: a shell command line; several: argv.")],
+          env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE.")] = [],  # noqa: B006
+          cwd: Annotated[Optional[str], typer.Option(help="Working directory.")] = None,
+          timeout: Annotated[Optional[float], typer.Option(help="Kill the command after this many seconds.")] = None,
+          ) -> None:
+    """Run a command in a sandbox, streaming its output; exits with the command's exit code."""
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise typer.BadParameter("no command given", param_hint="COMMAND")
+    cmd: str | list[str] = command[0] if len(command) == 1 else command
+    with run_cli(ctx.obj.client) as client:
+        sbx = run_cli(lambda: client.sandbox(name))
+        stream = run_cli(lambda: sbx.commands.stream(cmd, env=_env(env), cwd=cwd, timeout=timeout))
+        try:
+            run_cli(lambda: [os.write(1 if o.stream == "stdout" else 2, o.data) for o in stream])
+        except KeyboardInterrupt:
+            stream.close()  # execd kills the command when its stream goes away
+            raise typer.Exit(130) from None
+    raise typer.Exit(stream.exit_code if stream.exit_code is not None else 1)
+
+
+@app.command()
+def shell(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim name.")],
+          command: Annotated[Optional[str], typer.Option("--command", "-c", help="Run this instead of a login shell.")] = None,
+          ) -> None:
+    """An interactive terminal in the sandbox (raw mode; resizing the window resizes it). Exits with the remote
+    exit code."""
+    from .shell import run_shell
+
+    code = run_cli(lambda: run_shell(ctx.obj.url, ctx.obj.token, name, command))
+    raise typer.Exit(code)
+
+
+# --- cp --------------------------------------------------------------------------------------------------------------
+def _split(spec: str) -> tuple[str | None, str]:
+    """'NAME:/path' -> (NAME, /path); a local path (incl. ./x:y, /x:y) -> (None, path)."""
+    if ":" in spec and not spec.startswith((".", "/", "~")):
+        name, path = spec.split(":", 1)
+        if name and "/" not in name:
+            return name, path or "."
+    return None, spec
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    TimeRemainingColumn(), console=err)
+
+
+@app.command()
+def cp(ctx: typer.Context, source: Annotated[str, typer.Argument(help="Local path or NAME:/path.")],
+       destination: Annotated[str, typer.Argument(help="Local path or NAME:/path.")],
+       mode: Annotated[Optional[str], typer.Option(help="Octal mode of an uploaded file, e.g. 0755.")] = None,
+       quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False) -> None:
+    """Copy a file to or from a sandbox, streamed (constant memory) with a progress bar."""
+    (src_claim, src), (dst_claim, dst) = _split(source), _split(destination)
+    if (src_claim is None) == (dst_claim is None):
+        raise fail(ValueError("exactly one side must be NAME:/path (copy to or from a sandbox)"), 2)
+    with run_cli(lambda: ctx.obj.client(timeout=60.0)) as client, _progress() as progress:
+        progress.disable = quiet
+        if dst_claim is not None:  # upload
+            local = Path(src)
+            if not local.is_file():
+                raise fail(FileNotFoundError(f"{src}: no such file"), 2)
+            sbx = run_cli(lambda: client.sandbox(dst_claim))
+            if dst.endswith("/") or run_cli(lambda: _is_dir(sbx, dst)):
+                dst = str(PurePosixPath(dst) / local.name)
+            task = progress.add_task(f"{local.name} → {dst_claim}:{dst}", total=local.stat().st_size)
+            info = run_cli(lambda: sbx.files.upload(local, dst, mode=mode,
+                                                    progress=lambda n: progress.advance(task, n)))
+            size = info.size
+        else:
+            sbx = run_cli(lambda: client.sandbox(src_claim))
+            info = run_cli(lambda: sbx.files.info(src))
+            target = Path(dst)
+            if target.is_dir():
+                target = target / PurePosixPath(info.path).name
+            task = progress.add_task(f"{src_claim}:{src} → {target}", total=info.size)
+            size = run_cli(lambda: sbx.files.download(src, target, progress=lambda n: progress.advance(task, n)))
+    if not quiet:
+        err.print(f"copied {size} bytes", highlight=False)
+
+
+def _is_dir(sbx: Any, path: str) -> bool:
+    try:
+        return sbx.files.info(path).is_dir
+    except CorralError as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+# --- config ----------------------------------------------------------------------------------------------------------
+@config_app.command("pulumi")
+def config_pulumi(stack: Annotated[str, typer.Option(help="Pulumi stack whose outputs to read.")] = "local",
+                  pulumi: Annotated[str, typer.Option(help="The Pulumi command (e.g. scripts/pulumi.sh).")] = "pulumi",
+                  cwd: Annotated[Optional[str], typer.Option(help="The Pulumi project directory.")] = None,
+                  path: Annotated[Optional[Path], typer.Option(help="Config file (default ~/.config/corral/config.toml).")] = None,
+                  ) -> None:
+    """Write the config file from `pulumi stack output` (apiUrl, apiToken)."""
+    try:
+        url, token = cfg.from_pulumi_outputs(cfg.pulumi_outputs(stack, pulumi=pulumi, cwd=cwd), stack)
+    except CorralError as exc:
+        raise fail(exc) from None
+    written = cfg.write_file(url, token, path)
+    err.print(f"wrote {written} (api_url = {url})", highlight=False)
+
+
+@config_app.command("set")
+def config_set(url: Annotated[str, typer.Option(help="Claims API URL.")],
+               token: Annotated[str, typer.Option(help="Claims API token.")],
+               path: Annotated[Optional[Path], typer.Option(help="Config file.")] = None) -> None:
+    """Write the config file from a URL and a token (e.g. the Kubernetes operator's claims API)."""
+    err.print(f"wrote {cfg.write_file(url, token, path)}", highlight=False)
+
+
+@config_app.command("show")
+def config_show(ctx: typer.Context) -> None:
+    """Where the client will connect, and where that came from (the token is not shown)."""
+    try:
+        s = cfg.resolve(ctx.obj.url, ctx.obj.token)
+    except CorralError as exc:
+        raise fail(exc) from None
+    out.print(f"api_url = {s.url}\nsource  = {s.source}\nfile    = {cfg.config_path()}", highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(app())
