@@ -16,6 +16,8 @@ from pydantic import Field, ValidationError, model_validator
 from corral.api import Capacity
 from corral.api.common import DNS_LABEL, MAX_REPLICAS, Model, Name
 
+from .controller_values import OperatorValues
+
 NAMESPACE = "corral"
 
 
@@ -49,7 +51,20 @@ class KubernetesConfig(Model):
     context: str | None = Field(default=None, description="kubeconfig context (default: the current one).")
     namespace: str = Field(default="corral-sandboxes", pattern=DNS_LABEL, max_length=63, description="Sandbox namespace.")
     create_namespace: bool = Field(default=True, description="Create the sandbox namespace.")
-    install_crds: bool = Field(default=True, description="Install Corral's CRDs from this stack.")
+
+
+class ControllerConfig(Model):
+    """`corral:controller`: the operator on the cluster (ControllerDeployment)."""
+
+    enabled: bool = Field(default=True, description="Install the operator, its CRDs and RBAC from this stack.")
+    namespace: str = Field(default="corral-system", pattern=DNS_LABEL, max_length=63,
+                           description="Namespace of the operator.")
+    create_namespace: bool = Field(default=True, description="Create the operator's namespace.")
+    install_crds: bool = Field(default=True, description="Install the CRDs as Pulumi resources.")
+    values: OperatorValues = Field(default_factory=OperatorValues,
+                                   description="Typed chart values (charts/corral/values.schema.json).")
+    raw_values: dict[str, Any] = Field(default_factory=dict,
+                                       description="Escape hatch: wire-form chart values merged over `values`.")
 
 
 class DockerConfig(Model):
@@ -66,6 +81,7 @@ class StackConfig(Model):
     mode: Literal["docker", "kubernetes"] = Field(default="docker", description="Where sandboxes run.")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     docker: DockerConfig = Field(default_factory=DockerConfig)
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
     templates: list[TemplateConfig] = Field(default_factory=list)
     warm_pools: list[WarmPoolConfig] = Field(default_factory=list)
     pools: list[PoolConfig] = Field(default_factory=list)

@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 
 from . import catalogue
 from .config import StackConfig
-from .crds import CorralCRDs
+from .controller import ControllerDeployment, ControllerDeploymentArgs
 from .docker_stack import DockerStack, DockerStackArgs
 from .resources import Pool, PoolArgs, SandboxTemplate, SandboxTemplateArgs, WarmPool, WarmPoolArgs
 
@@ -42,8 +42,19 @@ def build_kubernetes(config: StackConfig) -> dict[str, pulumi.Input]:
         )
         namespace = ns.metadata.name
         depends.append(ns)
-    if kc.install_crds:
-        depends.append(CorralCRDs("corral-crds", opts=base))
+    controller = None
+    if config.controller.enabled:
+        cc = config.controller
+        values = cc.values
+        if not values.sandbox_namespaces:  # the stack's sandbox namespace gets the default-deny policy
+            values = values.model_copy(update={"sandbox_namespaces": [kc.namespace]})
+        controller = ControllerDeployment(
+            "corral",
+            ControllerDeploymentArgs(namespace=cc.namespace, create_namespace=cc.create_namespace, values=values,
+                                     raw_values=cc.raw_values, install_crds=cc.install_crds),
+            opts=pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=list(depends))),
+        )
+        depends.append(controller)
     opts = pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=depends))
 
     templates = {
@@ -79,6 +90,9 @@ def build_kubernetes(config: StackConfig) -> dict[str, pulumi.Input]:
     return {
         "mode": "kubernetes",
         "namespace": namespace,
+        **({"controllerNamespace": controller.namespace, "controllerService": controller.service_name,
+            "metricsEndpoint": controller.metrics_endpoint, "apiEndpoint": controller.api_endpoint,
+            "apiToken": controller.api_token} if controller else {}),
         "templates": [t.name for t in templates.values()],
         "warmPools": [p.name for p in warm_pools],
         "pools": [p.name for p in pools],

@@ -2,7 +2,7 @@
 # Builds the test bed's Go binaries from the Go module proxy with the ordinary `go` client, into
 # $CORRAL_CACHE/bin/<tool>-<version>/. A tool whose binaries exist is skipped (cache hit). Never writes to the repo.
 #
-#   scripts/toolchain.sh [etcd|kwok|kube|pulumi|k8s-provider|all]...     (default: all)
+#   scripts/toolchain.sh [etcd|kwok|kube|helm|pulumi|k8s-provider|all]...     (default: all)
 #
 # Why wrappers: `go install m@v` refuses modules with replace directives (golang/go#44840), which pulumi, k8s and
 # etcd all have. A throwaway module requires the module, repeats its non-path replaces and turns path replaces into
@@ -50,6 +50,16 @@ build_kwok() {
   mkdir -p "$out.tmp"
   GOFLAGS=-buildvcs=false GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w" \
     "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@v$KWOK_VERSION"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+build_helm() {
+  local out; out="$(tool_dir helm "$HELM_VERSION")"
+  [[ -x "$out/helm" ]] && { log "helm $HELM_VERSION: cached"; return; }
+  log "building helm $HELM_VERSION"
+  mkdir -p "$out.tmp"
+  GOFLAGS=-buildvcs=false GOBIN="$out.tmp" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
@@ -145,11 +155,11 @@ for r in json.load(sys.stdin).get("Replace") or []:
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
-targets=("$@"); [[ ${#targets[@]} -eq 0 || "${targets[0]}" == all ]] && targets=(etcd kwok kube pulumi k8s-provider)
+targets=("$@"); [[ ${#targets[@]} -eq 0 || "${targets[0]}" == all ]] && targets=(etcd kwok kube helm pulumi k8s-provider)
 for t in "${targets[@]}"; do
   case "$t" in
-    etcd) timed build_etcd ;; kwok) timed build_kwok ;; kube) timed build_kube ;;
+    etcd) timed build_etcd ;; kwok) timed build_kwok ;; kube) timed build_kube ;; helm) timed build_helm ;;
     pulumi) timed build_pulumi ;; k8s-provider) timed build_k8s_provider ;;
-    *) die "unknown target '$t' (etcd, kwok, kube, pulumi, k8s-provider, all)" ;;
+    *) die "unknown target '$t' (etcd, kwok, kube, helm, pulumi, k8s-provider, all)" ;;
   esac
 done

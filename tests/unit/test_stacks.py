@@ -87,11 +87,15 @@ def test_dev_stack_program_builds():
     cfg = parse_stack_config(stack_config(REPO / "stacks/Pulumi.dev.yaml"))
     run_program(cfg)
     types = [r.typ for r in mocks.resources]
-    assert types.count("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition") == 5
+    assert types.count("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition") == 7  # Corral's 5 + kopf's 2
+    assert types.count("corral:index:ControllerDeployment") == 1
+    (chart,) = mocks.of_type("kubernetes:helm.sh/v4:Chart")
+    assert chart.inputs["values"]["sandboxNamespaces"] == ["corral-sandboxes"]
+    assert chart.inputs["values"]["resources"]["limits"]["memory"] == cfg.controller.values.resources.limits.memory
     assert types.count("kubernetes:corral.dev/v1alpha1:SandboxTemplate") == len(cfg.templates)
     assert types.count("kubernetes:corral.dev/v1alpha1:WarmPool") == len(cfg.warm_pools)
     assert types.count("kubernetes:corral.dev/v1alpha1:Pool") == len(cfg.pools)
-    assert types.count("kubernetes:core/v1:Namespace") == 1
+    assert types.count("kubernetes:core/v1:Namespace") == 2  # sandboxes' and the operator's
     (node,) = [r for r in mocks.of_type("kubernetes:corral.dev/v1alpha1:WarmPool") if r.name == "node-warmpool"]
     assert node.inputs["spec"]["updateStrategy"] == {"type": "Recreate"}
     assert node.inputs["metadata"]["namespace"] == "corral-sandboxes"
