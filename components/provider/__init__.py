@@ -18,8 +18,10 @@ import inspect
 import json
 import re
 import sys
+import types
+import typing
 from enum import Enum
-from typing import Any, Optional, TypedDict
+from typing import Any, Literal, Optional, TypedDict
 
 try:
     from typing import NotRequired
@@ -27,9 +29,11 @@ except ImportError:  # pragma: no cover (Python < 3.11)
     from typing_extensions import NotRequired
 
 import pulumi
+from pydantic import BaseModel
 
-from .. import docker_stack, resources
+from .. import controller, docker_stack, resources
 from .._version import __version__
+from ..controller_values import OperatorValues as _OperatorValuesModel
 
 PACKAGE = "corral"
 
@@ -63,6 +67,97 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+# --- types generated from pydantic models -------------------------------------------------------------------------
+# A large model (the chart values) is mirrored by generating TypedDicts and Enums from it, so it cannot drift; their
+# descriptions come from the model's Field descriptions (generated classes have no source to read docstrings from),
+# filled in by provider() below.
+MODEL_TYPES: dict[str, type[BaseModel]] = {}
+"""Generated TypedDict name -> the pydantic model it mirrors."""
+ENUM_TYPES: dict[str, tuple[str, ...]] = {}
+"""Generated Enum name -> its values (a Literal of the model)."""
+
+
+def _enum_member(value: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", value).upper().replace("-", "_")
+
+
+def _mirror_type(annotation: Any, field: str) -> Any:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return mirror_model(annotation)
+    if origin is Literal:
+        name = "".join(part.title() for part in field.split("_"))
+        if ENUM_TYPES.setdefault(name, args) != args:
+            raise TypeError(f"two Literal fields named {field} with different values: name the enum explicitly")
+        return Enum(name, {_enum_member(v): v for v in args}, type=str, module=__name__)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        assert len(rest) == 1, f"{field}: unions other than Optional are not supported"
+        return Optional[_mirror_type(rest[0], field)]
+    if origin is list:
+        return list[_mirror_type(args[0], field)]
+    if origin is dict:
+        return dict[str, _mirror_type(args[1], field)]
+    return annotation
+
+
+def mirror_model(model: type[BaseModel]) -> type:
+    """A TypedDict with a pydantic model's fields (snake_case; the schema camelCases them), each NotRequired unless
+    the model requires it."""
+    hints = typing.get_type_hints(model)
+    fields = {name: (_mirror_type(hints[name], name) if f.is_required()
+                     else NotRequired[_mirror_type(hints[name], name)])
+              for name, f in model.model_fields.items()}
+    td = TypedDict(model.__name__, fields)  # type: ignore[misc]
+    td.__module__, td.__doc__ = __name__, inspect.cleandoc(model.__doc__ or model.__name__)
+    MODEL_TYPES[td.__name__] = model
+    return td
+
+
+OperatorValues = mirror_model(_OperatorValuesModel)
+
+
+# --- ControllerDeployment ------------------------------------------------------------------------------------------
+class ControllerDeploymentArgs(TypedDict):
+    """Arguments of a ControllerDeployment component."""
+
+    namespace: NotRequired[str]
+    """Namespace of the operator."""
+    create_namespace: NotRequired[bool]
+    """Create the namespace (False: it must exist)."""
+    values: NotRequired[OperatorValues]  # type: ignore[valid-type]
+    """Typed chart values (image, resources, replicas and peering, metrics, claims API, NetworkPolicies, ...)."""
+    raw_values: NotRequired[dict[str, Any]]
+    """Escape hatch: wire-form (camelCase) chart values merged over `values`, e.g. a values file shared with plain
+    Helm installs. Validated like `values`; a bad key fails the program with the key's path."""
+    install_crds: NotRequired[bool]
+    """Install the CRDs (Corral's and kopf's peering) as Pulumi resources."""
+    release_name: NotRequired[str]
+    """Helm release name (resource names derive from it)."""
+
+
+class ControllerDeployment(controller.ControllerDeployment):
+    """Corral's operator on a Kubernetes cluster."""
+
+    namespace: pulumi.Output[str]
+    """Namespace of the operator."""
+    service_name: pulumi.Output[str]
+    """Name of the operator's Service (metrics and the claims API)."""
+    metrics_endpoint: pulumi.Output[str]
+    """In-cluster URL of the Prometheus metrics."""
+    api_endpoint: pulumi.Output[str]
+    """In-cluster URL of the claims HTTP API ('' when the API is off)."""
+    api_token: pulumi.Output[str]
+    """Bearer token of the claims API (secret)."""
+
+    def __init__(self, name: str, args: ControllerDeploymentArgs,
+                 opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        plain = _plain(args)
+        if "values" in plain:
+            plain["values"] = _OperatorValuesModel.parse(plain["values"])
+        super().__init__(name, controller.ControllerDeploymentArgs(**plain), opts)
 
 
 # --- SandboxTemplate -----------------------------------------------------------------------------------------------
@@ -259,10 +354,10 @@ class DockerStack(docker_stack.DockerStack):
 
 
 # The provider's components: each mirrors the Python component it subclasses (PYTHON_COMPONENTS).
-COMPONENTS: list[type[pulumi.ComponentResource]] = [SandboxTemplate, WarmPool, Pool, DockerStack]
+COMPONENTS: list[type[pulumi.ComponentResource]] = [ControllerDeployment, SandboxTemplate, WarmPool, Pool, DockerStack]
 PYTHON_COMPONENTS = {c.__name__: (c.__mro__[1], a) for c, a in [
-    (SandboxTemplate, resources.SandboxTemplateArgs), (WarmPool, resources.WarmPoolArgs), (Pool, resources.PoolArgs),
-    (DockerStack, docker_stack.DockerStackArgs)]}
+    (ControllerDeployment, controller.ControllerDeploymentArgs), (SandboxTemplate, resources.SandboxTemplateArgs),
+    (WarmPool, resources.WarmPoolArgs), (Pool, resources.PoolArgs), (DockerStack, docker_stack.DockerStackArgs)]}
 
 
 def describe(doc: str) -> str:
@@ -283,7 +378,12 @@ def provider():
     from pulumi.provider.experimental.component import ComponentProvider
 
     p = ComponentProvider(COMPONENTS, PACKAGE, None, __version__)
-    p.schema = json.dumps(_described(json.loads(p.schema)))
+    schema = json.loads(p.schema)
+    for name, model in MODEL_TYPES.items():
+        props = schema["types"][f"{PACKAGE}:index:{name}"]["properties"]
+        for field, info in model.model_fields.items():
+            props[info.alias or field]["description"] = info.description or field
+    p.schema = json.dumps(_described(schema))
     return p
 
 

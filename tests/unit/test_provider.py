@@ -144,26 +144,36 @@ def test_schema_lists_each_component_with_typed_inputs_outputs_and_descriptions(
     assert stack["warmPools"]["items"]["$ref"] == "#/types/corral:index:DockerWarmPool"
 
 
-@pulumi.runtime.test
+def constructed(name: str, typ: str, inputs: dict):
+    """What the provider's Construct does with inputs from another language; returns once every child registered."""
+    install()
+    out: dict = {}
+
+    @pulumi.runtime.test
+    def program():
+        out["result"] = P.provider().construct(name, typ, inputs, None)
+
+    program()
+    return out["result"]
+
+
+def value(output):
+    return pulumi.runtime.sync_await._sync_await(output.future())
+
+
 def test_construct_builds_the_python_component_from_schema_inputs():
     """What another language sends (camelCase names, numbers as floats, enum values as strings) becomes the Python
     component itself: one corral:index:Pool, its Pool custom resource, and outputs named as in the schema."""
-    install()
-    p = P.provider()
-    result = p.construct("elastic", "corral:index:Pool", {
+    result = constructed("elastic", "corral:index:Pool", {
         "template": "python", "namespace": "sbx", "recycleStrategy": "Restart", "maxUnavailable": 2.0,
-        "capacity": {"bufferMin": 1.0, "bufferMax": 3.0, "poolMax": 5.0}}, None)
-
-    def verify(_):
-        assert [r.typ for r in mocks.resources if r.typ.startswith("corral:index:")] == ["corral:index:Pool"]
-        (cr,) = mocks.of_type("kubernetes:corral.dev/v1alpha1:Pool")
-        assert cr.inputs["spec"] == {"templateRef": {"name": "python"}, "recycleStrategy": "Restart",
-                                     "maxUnavailable": 2,
-                                     "capacity": {"bufferMin": 1, "bufferMax": 3, "poolMin": 0, "poolMax": 5}}
-        assert cr.inputs["metadata"]["namespace"] == "sbx"
-        assert set(result.state) == {"name", "namespace", "status"}
-
-    return pulumi.Output.all(result.urn, result.state["name"]).apply(verify)
+        "capacity": {"bufferMin": 1.0, "bufferMax": 3.0, "poolMax": 5.0}})
+    assert [r.typ for r in mocks.resources if r.typ.startswith("corral:index:")] == ["corral:index:Pool"]
+    (cr,) = mocks.of_type("kubernetes:corral.dev/v1alpha1:Pool")
+    assert cr.inputs["spec"] == {"templateRef": {"name": "python"}, "recycleStrategy": "Restart", "maxUnavailable": 2,
+                                 "capacity": {"bufferMin": 1, "bufferMax": 3, "poolMin": 0, "poolMax": 5}}
+    assert cr.inputs["metadata"]["namespace"] == "sbx"
+    assert set(result.state) == {"name", "namespace", "status"}
+    assert (value(result.state["name"]), value(result.state["namespace"])) == ("elastic", "sbx")
 
 
 def test_construct_rejects_a_bad_enum_value_with_its_path():
@@ -172,3 +182,52 @@ def test_construct_rejects_a_bad_enum_value_with_its_path():
     p = P.provider()
     with pytest.raises(InputPropertyError, match="UpdateStrategy"):
         p.construct("w", "corral:index:WarmPool", {"template": "t", "updateStrategy": "Sometimes"}, None)
+
+
+def test_chart_values_are_typed_in_the_schema_from_the_values_model():
+    """ControllerDeployment's `values` is OperatorValues, generated from the pydantic model: every field of every
+    nested model, typed, with the model's description; Literals become enums."""
+    from corral.components.controller_values import OperatorValues
+
+    schema = P.schema()
+    values = schema["resources"]["corral:index:ControllerDeployment"]["inputProperties"]["values"]
+    assert values["$ref"] == "#/types/corral:index:OperatorValues"
+
+    def check(model, type_name):
+        props = schema["types"][f"corral:index:{type_name}"]["properties"]
+        assert set(props) == {f.alias for f in model.model_fields.values()}, type_name
+        for name, f in model.model_fields.items():
+            assert props[f.alias]["description"] == describe(f.description), (type_name, name)
+            annotation = typing.get_args(f.annotation)[0] if typing.get_origin(f.annotation) else f.annotation
+            if isinstance(annotation, type) and issubclass(annotation, OperatorValues.__mro__[1]):
+                assert props[f.alias]["$ref"] == f"#/types/corral:index:{annotation.__name__}"
+                check(annotation, annotation.__name__)
+
+    check(OperatorValues, "OperatorValues")
+    assert [e["value"] for e in schema["types"]["corral:index:LogLevel"]["enum"]] == ["debug", "info", "warning",
+                                                                                     "error"]
+
+
+def test_controller_deployment_takes_schema_values_and_validates_them():
+    result = constructed("corral", "corral:index:ControllerDeployment", {
+        "namespace": "ops", "releaseName": "sandboxes", "installCrds": False,
+        "values": {"replicas": 2.0, "logLevel": "debug", "peering": {"enabled": True},
+                   "image": {"pullPolicy": "Never", "tag": "dev"}, "metrics": {"port": 9191.0}},
+        "rawValues": {"workers": 8}})
+    (chart,) = mocks.of_type("kubernetes:helm.sh/v4:Chart")
+    values = chart.inputs["values"]
+    assert (values["replicas"], values["logLevel"], values["workers"]) == (2, "debug", 8)
+    assert values["image"]["pullPolicy"] == "Never" and values["image"]["tag"] == "dev"
+    assert chart.inputs["namespace"] == "ops"
+    assert not mocks.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
+    assert [r.typ for r in mocks.resources if r.typ.startswith("corral:index:")] == [
+        "corral:index:ControllerDeployment"]
+    assert set(result.state) == {"namespace", "serviceName", "metricsEndpoint", "apiEndpoint", "apiToken"}
+    assert value(result.state["metricsEndpoint"]) == "http://sandboxes-corral.ops.svc:9191/metrics"
+
+
+def test_controller_deployment_rejects_bad_values_naming_the_field():
+    p = P.provider()
+    with pytest.raises(Exception, match="replicas"):
+        p.construct("corral", "corral:index:ControllerDeployment", {"values": {"replicas": 3.0,
+                                                                              "peering": {"enabled": False}}}, None)
