@@ -238,7 +238,7 @@ def cp(ctx: typer.Context, source: Annotated[str, typer.Argument(help="Local pat
             sbx = run_cli(lambda: client.sandbox(dst_claim))
             if dst.endswith("/") or run_cli(lambda: _is_dir(sbx, dst)):
                 dst = str(PurePosixPath(dst) / local.name)
-            task = progress.add_task(f"{local.name} → {dst_claim}:{dst}", total=local.stat().st_size)
+            task = progress.add_task(f"↑ {local.name}", total=local.stat().st_size)
             info = run_cli(lambda: sbx.files.upload(local, dst, mode=mode,
                                                     progress=lambda n: progress.advance(task, n)))
             size = info.size
@@ -248,10 +248,11 @@ def cp(ctx: typer.Context, source: Annotated[str, typer.Argument(help="Local pat
             target = Path(dst)
             if target.is_dir():
                 target = target / PurePosixPath(info.path).name
-            task = progress.add_task(f"{src_claim}:{src} → {target}", total=info.size)
+            task = progress.add_task(f"↓ {target.name}", total=info.size)
             size = run_cli(lambda: sbx.files.download(src, target, progress=lambda n: progress.advance(task, n)))
     if not quiet:
-        err.print(f"copied {size} bytes", highlight=False)
+        where = f"{dst_claim}:{dst}" if dst_claim is not None else str(target)
+        err.print(f"copied {size} bytes to {where}", highlight=False)
 
 
 def _is_dir(sbx: Any, path: str) -> bool:
