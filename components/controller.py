@@ -17,8 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from .chart import CHART_DIR
-from .controller_values import OperatorValues, ValuesError, deep_merge
+from .controller_values import CHART_DIR, OperatorValues, ValuesError, deep_merge
 from .docker_stack import ApiToken
 
 PART_OF = {"app.kubernetes.io/part-of": "corral", "app.kubernetes.io/managed-by": "pulumi"}

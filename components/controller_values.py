@@ -9,12 +9,14 @@ room for claim bursts (OpenSandbox's chart default of 128 MiB is the OOM we avoi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from corral.api.common import DNS_LABEL, Model
 
+CHART_DIR = Path(__file__).resolve().parents[1] / "charts" / "corral"
 CHART_VERSION = "0.2.0"
 APP_VERSION = "0.2.0"
 IMAGE_REPOSITORY = "corral/controller"

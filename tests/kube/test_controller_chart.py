@@ -1,0 +1,155 @@
+"""The operator chart against the real apiserver: it renders, lints and passes server-side dry-run with default
+values; and the operator, running under the chart's ServiceAccount (a token from the TokenRequest API), does a whole
+warm and cold claim flow while the server denies it what the chart does not grant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.core_v1 import Namespace, Node, Secret
+
+from kubeutil import Sandbox, SandboxClaim, bound, claim, idle_ready, template, wait_until, warm_pool
+
+pytestmark = pytest.mark.kube
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "corral"
+OPERATOR_NS = "corral-system"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+
+
+def tools() -> dict[str, str]:
+    out = subprocess.run(["bash", "-c", f'eval "$({REPO}/scripts/env.sh)" && command -v helm kubectl'],
+                         capture_output=True, text=True, check=True).stdout.split()
+    helm, kubectl = out
+    return {"helm": helm, "kubectl": kubectl}
+
+
+def run(*args: str, kubeconfig: str | None = None, stdin: str | None = None) -> str:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())} | ({"KUBECONFIG": kubeconfig} if kubeconfig else {})
+    proc = subprocess.run(list(args), input=stdin, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def rendered(kube_cluster):
+    t = tools()
+    run(t["helm"], "lint", str(CHART), "--strict")
+    text = run(t["helm"], "template", "corral", str(CHART), "--namespace", OPERATOR_NS, "--include-crds",
+               "--set", "sandboxNamespaces={corral-rbac-sbx}")
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.fixture(scope="module")
+def chart_installed(kube, kube_cluster, corral_crds, rendered):
+    """The chart's CRDs (kopf's peering ones; Corral's come from corral_crds), its namespace and its RBAC, for real."""
+    kubectl = tools()["kubectl"]
+    made_ns = []
+    for name in (OPERATOR_NS, "corral-rbac-sbx"):
+        try:
+            kube.create(Namespace(metadata=ObjectMeta(name=name)))
+            made_ns.append(name)
+        except ApiError as exc:
+            assert exc.status.code == 409
+    peering = [d for d in rendered if d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "kopf.dev"]
+    rbac = [d for d in rendered if d["kind"] in RBAC_KINDS]
+    run(kubectl, "apply", "--server-side", "-f", "-", kubeconfig=kube_cluster.kubeconfig,
+        stdin=yaml.safe_dump_all(peering + rbac))
+    for crd in peering:
+        kube.wait(CustomResourceDefinition, crd["metadata"]["name"], for_conditions=["Established"])
+    yield rendered
+    for d in rbac:
+        run(kubectl, "delete", "--ignore-not-found", "-f", "-", kubeconfig=kube_cluster.kubeconfig,
+            stdin=yaml.safe_dump(d))
+    for crd in peering:
+        kube.delete(CustomResourceDefinition, crd["metadata"]["name"])
+    for name in made_ns:
+        kube.delete(Namespace, name)
+
+
+def test_default_chart_is_accepted_by_the_server_dry_run(kube_cluster, chart_installed):
+    objs = [d for d in chart_installed if d["kind"] != "CustomResourceDefinition"]
+    kinds = sorted(d["kind"] for d in objs)
+    assert kinds == sorted(["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
+                            "NetworkPolicy", "Secret", "Service", "ServiceAccount"])
+    out = run(tools()["kubectl"], "apply", "--dry-run=server", "--server-side", "-o", "json", "-f", "-",
+              kubeconfig=kube_cluster.kubeconfig, stdin=yaml.safe_dump_all(objs))
+    items = json.loads(out)
+    items = items.get("items", [items])
+    assert sorted(i["kind"] for i in items) == kinds
+    (dep,) = [i for i in items if i["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["capabilities"] == {
+        "drop": ["ALL"]}
+    assert c["resources"]["limits"]["memory"] == "768Mi"
+    assert "--peering=corral" in c["args"] and "--all-namespaces" in c["args"]
+
+
+def sa_kubeconfig(kube_cluster, tmp_path: Path) -> str:
+    """A kubeconfig for the chart's ServiceAccount: the admin's cluster entry and a TokenRequest token."""
+    token = run(tools()["kubectl"], "create", "token", "corral", "-n", OPERATOR_NS, "--duration", "2h",
+                kubeconfig=kube_cluster.kubeconfig).strip()
+    admin = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
+    cfg = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+           "users": [{"name": "corral-sa", "user": {"token": token}}],
+           "contexts": [{"name": "sa", "context": {"cluster": admin["clusters"][0]["name"], "user": "corral-sa"}}],
+           "current-context": "sa"}
+    path = tmp_path / "sa.kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_operator_under_the_charts_service_account(kube, kube_cluster, operator, chart_installed, ns, tmp_path):
+    cfg = sa_kubeconfig(kube_cluster, tmp_path)
+    sa = Client(config=KubeConfig.from_file(cfg), field_manager="corral-tests", timeout=30)
+
+    # What the chart does not grant, the server denies: Secrets (here or anywhere), nodes, RBAC.
+    kube.create(Secret(metadata=ObjectMeta(name="not-yours"), stringData={"k": "v"}), namespace=ns)
+    for attempt in (lambda: sa.get(Secret, "not-yours", namespace=ns),
+                    lambda: list(sa.list(Secret, namespace="kube-system")),
+                    lambda: sa.delete(Node, "kwok-node-0"),
+                    lambda: sa.create(Namespace(metadata=ObjectMeta(name="sa-made-this")))):
+        with pytest.raises(ApiError) as denied:
+            attempt()
+        assert denied.value.status.code == 403, denied.value.status
+    assert kube.get(Node, "kwok-node-0")  # still there
+
+    # The whole flow under that identity: the session's (admin) operator steps aside for an SA-run one.
+    operator.stop()
+    sa_op = type(operator)(cfg, tmp_path)  # the same kind of operator process, under the SA identity
+    try:
+        sa_op.start()
+        kube.create(template("py"), namespace=ns)
+        kube.create(warm_pool("wp", "py", 1), namespace=ns)
+        wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 1, 60, 0.25, "one ready warm sandbox", dump=sa_op.log)
+        kube.create(claim("warm", "wp"), namespace=ns)
+        kube.create(claim("cold", "wp"), namespace=ns)
+        got = {n: wait_until(lambda n=n: bound(kube, ns, n), 60, 0.25, f"claim {n} Bound", dump=sa_op.log)
+               for n in ("warm", "cold")}
+        launches = sorted(s.get("launchType") for s in got.values())
+        assert launches == ["Cold", "Warm"], got
+        assert got["warm"]["sandbox"]["name"] != got["cold"]["sandbox"]["name"]
+        # the template's NetworkPolicy was made under the same identity
+        from lightkube.resources.networking_v1 import NetworkPolicy
+
+        assert [p.metadata.name for p in kube.list(NetworkPolicy, namespace=ns)] == ["corral-sbxt-py"]
+        # releasing a claim deletes its sandbox (shutdownPolicy Delete)
+        kube.delete(SandboxClaim, "cold", namespace=ns)
+        wait_until(lambda: all(s.metadata.name != got["cold"]["sandbox"]["name"]
+                               for s in kube.list(Sandbox, namespace=ns)),
+                   60, 0.25, "cold sandbox deleted", dump=sa_op.log)
+        log = sa_op.log()
+        assert "403" not in log and "Forbidden" not in log, log[-3000:]
+    finally:
+        sa_op.stop()
+        operator.start()
