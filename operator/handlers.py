@@ -14,6 +14,7 @@ import kopf
 from lightkube import ApiError
 
 from . import metrics
+from .api import kube_backend as claims_api
 from .cache import Cache, PodInfo, member_of
 from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
 from .context import Context, Settings
@@ -61,7 +62,7 @@ async def dispatch(key: tuple[str, str, str]) -> None:
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     config = Settings.from_env()
     settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -83,10 +84,12 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     if not config.token_secret:
         log.warning("CORRAL_TOKEN_SECRET is not set: execd tokens change when the operator restarts")
     log.info("corral operator started (workers=%d, execd image %s)", config.workers, config.execd_image)
+    await claims_api.start(context, kwargs)  # the claims HTTP API, if CORRAL_API_TOKEN(_FILE) is set
 
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    await claims_api.stop()
     context = STATE.pop("ctx", None)
     if context is not None:
         if context.queue:
@@ -180,6 +183,7 @@ async def on_claim(event: dict[str, Any], namespace: str, name: str, body: Any, 
     metrics.EVENTS.labels(kind="SandboxClaim").inc()
     context = _bind(kwargs)
     context.request("SandboxClaim", namespace, name)
+    claims_api.claim_event(namespace, name)  # wake API calls waiting on this claim
     if event.get("type") == "DELETED":
         ref = (body.get("spec") or {}).get("poolRef") or {}
         if ref.get("kind") == "Pool":

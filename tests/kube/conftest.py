@@ -17,6 +17,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
 TOKEN_SECRET = "corral-kube-tests"
+API_TOKEN = "corral-kube-api-tests"
 
 
 def free_port() -> int:
@@ -26,13 +27,17 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    """`python -m corral.operator --standalone`, logging to a file; metrics scraped from its Prometheus port."""
+    """`python -m corral.operator --standalone`, logging to a file; metrics scraped from its Prometheus port; its
+    claims HTTP API on `api_url` (bearer `API_TOKEN`) serves the namespace `api_namespace` (created by the tests
+    that use it)."""
 
     def __init__(self, kubeconfig: str, log_dir: Path) -> None:
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
         self.port = free_port()
         self.health_port = free_port()
+        self.api_port = free_port()
+        self.api_namespace = f"api-{uuid.uuid4().hex[:8]}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
@@ -44,7 +49,9 @@ class OperatorProcess:
         self.runs += 1
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "CORRAL_TOKEN_SECRET": TOKEN_SECRET,
                "CORRAL_METRICS_PORT": str(self.port), "CORRAL_NAMESPACE": "corral-system",
-               "CORRAL_EXECD_IMAGE": "corral/execd:test"}
+               "CORRAL_EXECD_IMAGE": "corral/execd:test", "CORRAL_API_TOKEN": API_TOKEN,
+               "CORRAL_API_HOST": "127.0.0.1", "CORRAL_API_PORT": str(self.api_port),
+               "CORRAL_API_NAMESPACE": self.api_namespace}
         args = ["--standalone", f"--liveness=http://127.0.0.1:{self.health_port}/healthz"]
         self.proc = subprocess.Popen([sys.executable, "-m", "corral.operator", *args], env=env,
                                      stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT)
@@ -52,7 +59,8 @@ class OperatorProcess:
         while True:
             try:
                 httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=1)
-                if httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code == 200 \
+                        and httpx.get(f"{self.api_url}/v1/health", timeout=1).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -60,6 +68,10 @@ class OperatorProcess:
                 raise RuntimeError(f"operator exited: {self.log_path.read_text()[-3000:]}")
             assert time.monotonic() < deadline, "operator metrics/health did not come up"
             time.sleep(0.2)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -1,0 +1,474 @@
+"""The claims API on Kubernetes: a `ClaimsBackend` over SandboxClaim custom resources, served from the operator.
+
+One API serves one namespace (`CORRAL_API_NAMESPACE`, default `default`, the namespace the Pulumi components put
+templates and pools in unless told otherwise; set it to the sandbox namespace, e.g. `corral-sandboxes`). The
+operator must watch that namespace (it watches all by default).
+
+    create   -> a SandboxClaim in that namespace; waits for Bound (-> Ready) or Failed through the operator's watch
+                events (never polling), up to the request's timeoutSeconds; then 201, 202 (still Pending) or the
+                Failed condition's message as a `claim_failed` error. An existing name is returned (safe retry).
+    get/list -> the kopf indices the operator already keeps (no API call); a direct read only in the short window
+                after a start before kopf has delivered its first event.
+    delete   -> Delete policy: the claim is deleted (a WarmPool sandbox goes with it, garbage collected through its
+                owner reference; a Pool sandbox is recycled by its Pool). Retain: shutdownTime=now and
+                ttlSecondsAfterFinished=0, so the operator detaches the sandbox, then deletes the claim. The call
+                returns once the claim is gone (or after a short grace).
+    renew    -> spec.lifecycle.shutdownTime = now + ttl (the operator re-arms its timer).
+    pause / resume / snapshot -> 400 `not_supported` (see NOT_SUPPORTED below).
+    execd    -> the bound sandbox's pod IP, its execd port and the HMAC token the operator derives for it.
+
+The server runs in the operator's event loop (kopf startup/cleanup hooks call `start`/`stop`), when a token is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import secrets
+import socket
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError
+from pydantic import BaseModel, Field
+
+from ..builders import execd_token
+from ..cache import member_of
+from ..constants import API_VERSION, L_POOL
+from ..kube import RESOURCES, status_code
+from ..planning import Member
+from .backend import BackendError, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
+from .models import Claim, ClaimRequest, PoolStatus, SandboxRef, Snapshot, SnapshotRequest
+
+log = logging.getLogger("corral.operator.api")
+
+CLAIM_TIMEOUT_MIN = 300     # a claim's own timeoutSeconds (the CR's): at least this, whatever the request waits
+DELETE_GRACE = 30.0         # how long DELETE waits for the claim to disappear
+CREATED_BY = {"app.kubernetes.io/created-by": "corral-api"}
+USER_ERRORS = {"EnvVarsNotAllowed", "VolumesNotAllowed", "InvalidSpec", "InvalidTemplate"}
+NOT_SUPPORTED = {
+    "pause": "pause/resume is Docker-only: it freezes the processes and keeps their memory. Kubernetes has no "
+             "freezer for a pod; the nearest thing, a Sandbox's operatingMode Suspended, deletes the pod (processes, "
+             "memory, files outside PVCs and env injected into a warm sandbox are lost), which is not a pause",
+    "snapshot": "snapshots are Docker-only (a commit of the container to an image); a pod's filesystem cannot be "
+                "committed through the Kubernetes API",
+}
+
+
+class NotSupported(BackendError):
+    status, code = 400, "not_supported"
+
+
+class ClaimFailed(BackendError):
+    """The claim's Failed condition, as an error: 400 for a spec/policy problem, 503 otherwise (retry may work)."""
+
+    code = "claim_failed"
+
+
+class ApiSettings(BaseModel):
+    """The claims API of the Kubernetes operator, from CORRAL_API_* environment variables."""
+
+    token: str = Field(default="", description="Bearer token (CORRAL_API_TOKEN or the file CORRAL_API_TOKEN_FILE); "
+                                               "empty: the API is off.")
+    host: str = Field(default="0.0.0.0", description="Listen address.")
+    port: int = Field(default=7780, ge=1, le=65535, description="Listen port.")
+    namespace: str = Field(default="default", description="The namespace whose claims the API serves.")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ApiSettings":
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {k: env[v] for k, v in (("host", "CORRAL_API_HOST"), ("port", "CORRAL_API_PORT"),
+                                                          ("namespace", "CORRAL_API_NAMESPACE")) if env.get(v)}
+        if env.get("CORRAL_API_TOKEN_FILE"):
+            values["token"] = Path(env["CORRAL_API_TOKEN_FILE"]).read_text().strip()
+        elif env.get("CORRAL_API_TOKEN"):
+            values["token"] = env["CORRAL_API_TOKEN"].strip()
+        return cls.model_validate(values)
+
+
+def _ts(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+def _api_error(exc: ApiError, what: str) -> BackendError:
+    code = status_code(exc)
+    message = f"{what}: {exc.status.message if exc.status else exc}"
+    if code == 404:
+        return NotFound(message)
+    if code == 409:
+        return Conflict(message)
+    if code in (400, 422):
+        return Invalid(message)
+    return Unavailable(message)
+
+
+class KubeBackend:
+    """ClaimsBackend over SandboxClaims in one namespace, reading the operator's kopf indices.
+
+    `context` is the operator's Context (its counted API client and the execd token key); `indices` are kopf's live
+    indices (the same objects its handlers get); `ready` says whether kopf has delivered them complete (it calls no
+    handler before every index is filled from the initial listing).
+    """
+
+    def __init__(self, context: Any, namespace: str, indices: Mapping[str, Any], ready: Any) -> None:
+        self.ctx, self.ns, self.indices, self._ready = context, namespace, indices, ready
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+
+    # --- events (called by the operator's claim handler) -------------------------------------------------------------
+    def claim_event(self, namespace: str, name: str) -> None:
+        if namespace == self.ns:
+            for ev in self._waiters.get(name, ()):
+                ev.set()
+
+    @contextlib.contextmanager
+    def _subscribe(self, name: str) -> Iterator[asyncio.Event]:
+        ev = asyncio.Event()
+        self._waiters.setdefault(name, set()).add(ev)
+        try:
+            yield ev
+        finally:
+            waiters = self._waiters.get(name)
+            if waiters is not None:
+                waiters.discard(ev)
+                if not waiters:
+                    del self._waiters[name]
+
+    # --- reads: the indices, or one direct read before they are complete ------------------------------------------
+    def _one(self, index: str, key: Any) -> Any:
+        idx = self.indices.get(index)
+        if idx is None or key not in idx:
+            return None
+        values = list(idx[key])
+        return values[0] if values else None
+
+    async def _get(self, kind: str, name: str, *, confirm: bool = True) -> dict[str, Any] | None:
+        """The object from the index; a miss is confirmed with one direct read (the watch may not have delivered
+        an object created a moment ago), unless `confirm` is False (waits, woken by the watch itself)."""
+        index = {"SandboxClaim": "claims_idx", "Sandbox": "sandboxes_idx", "WarmPool": "warmpools_idx",
+                 "Pool": "pools_idx", "SandboxTemplate": "templates_idx"}[kind]
+        if self._ready():
+            found = self._one(index, (self.ns, name))
+            if found is not None or not confirm:
+                return found
+        try:
+            return await self.ctx.kube.get(kind, name, self.ns)
+        except ApiError as exc:
+            if status_code(exc) == 404:
+                return None
+            raise _api_error(exc, f"reading {kind} {name}") from None
+
+    async def _list(self, kind: str) -> list[dict[str, Any]]:
+        index = {"SandboxClaim": "claims_idx", "WarmPool": "warmpools_idx", "Pool": "pools_idx"}[kind]
+        if self._ready():
+            idx = self.indices.get(index) or {}
+            return [body for key in list(idx) if key[0] == self.ns for body in idx[key]]
+        self.ctx.kube._count("list", kind)  # noqa: SLF001 - the same counter as every other operator call
+        return [o.to_dict() if hasattr(o, "to_dict") else dict(o)
+                async for o in self.ctx.kube.client.list(RESOURCES[kind], namespace=self.ns)]
+
+    async def _members(self, kind: str, pool: str) -> list[Member]:
+        if self._ready():
+            idx = self.indices.get("pool_members_idx") or {}
+            return list(idx[(self.ns, kind, pool)]) if (self.ns, kind, pool) in idx else []
+        self.ctx.kube._count("list", "Sandbox")  # noqa: SLF001
+        members = [member_of(o.to_dict() if hasattr(o, "to_dict") else dict(o)) async for o in
+                   self.ctx.kube.client.list(RESOURCES["Sandbox"], namespace=self.ns, labels={L_POOL: pool})]
+        return [m for m in members if (m.pool_kind or "WarmPool") == kind]
+
+    async def _claim(self, name: str) -> dict[str, Any]:
+        body = await self._get("SandboxClaim", name)
+        if body is None:
+            raise NotFound(f"no claim named {name!r} in namespace {self.ns}")
+        return body
+
+    # --- mapping ---------------------------------------------------------------------------------------------------
+    def to_api(self, body: dict[str, Any]) -> Claim:
+        meta, spec, st = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+        lifecycle, ref = spec.get("lifecycle") or {}, spec.get("poolRef") or {}
+        phase = {"Bound": "Ready", "Failed": "Failed", "Finished": "Expired"}.get(st.get("phase") or "", "Pending")
+        message = None
+        if phase in ("Failed", "Expired"):
+            message = (_condition(st, "Failed") or _condition(st, "Bound")).get("message") or None
+        elif phase == "Pending":
+            message = _condition(st, "Bound").get("message") or None
+        sandbox = (st.get("sandbox") or {}).get("name")
+        return Claim(
+            name=meta["name"], pool=ref.get("name", ""), pool_kind=ref.get("kind", "WarmPool"), phase=phase,
+            launch_type=(st.get("launchType") or "").lower() or None,
+            sandbox=SandboxRef(name=sandbox, endpoint=f"/v1/claims/{meta['name']}/execd")
+            if sandbox and phase == "Ready" else None,
+            created=_ts(meta.get("creationTimestamp")) or datetime.now(timezone.utc),
+            ready_at=_ts(st.get("boundTime")), expires_at=_ts(lifecycle.get("shutdownTime")),
+            shutdown_policy="Retain" if lifecycle.get("shutdownPolicy") == "Retain" else "Delete",
+            message=message,
+        )
+
+    def _failed(self, body: dict[str, Any]) -> ClaimFailed:
+        cond = _condition(body.get("status") or {}, "Failed") or _condition(body.get("status") or {}, "Bound")
+        reason = cond.get("reason") or "Failed"
+        return ClaimFailed(f"claim {body['metadata']['name']} failed ({reason}): {cond.get('message') or reason}",
+                           status=400 if reason in USER_ERRORS else 503)
+
+    # --- the protocol ----------------------------------------------------------------------------------------------
+    async def _pool_kind(self, pool: str) -> str:
+        for kind in ("WarmPool", "Pool"):
+            body = await self._get(kind, pool)
+            if body is not None:
+                template = ((body.get("spec") or {}).get("templateRef") or {}).get("name", "")
+                if await self._get("SandboxTemplate", template) is None:
+                    raise NotFound(f"{kind} {pool!r} uses SandboxTemplate {template!r}, which does not exist in "
+                                   f"namespace {self.ns}")
+                return kind
+        raise NotFound(f"no WarmPool or Pool named {pool!r} in namespace {self.ns}")
+
+    def _manifest(self, name: str, kind: str, req: ClaimRequest) -> dict[str, Any]:
+        lifecycle: dict[str, Any] = {"shutdownPolicy": req.shutdown_policy}
+        if req.ttl_seconds:
+            lifecycle["shutdownTime"] = _iso(datetime.now(timezone.utc) + timedelta(seconds=req.ttl_seconds))
+        spec: dict[str, Any] = {
+            "poolRef": {"kind": kind, "name": req.pool}, "lifecycle": lifecycle,
+            "timeoutSeconds": max(CLAIM_TIMEOUT_MIN, math.ceil(req.timeout_seconds)),
+        }
+        if req.env:
+            spec["env"] = [{"name": k, "value": v} for k, v in req.env.items()]
+        return {"apiVersion": API_VERSION, "kind": "SandboxClaim",
+                "metadata": {"name": name, "namespace": self.ns, "labels": dict(CREATED_BY)}, "spec": spec}
+
+    async def create_claim(self, req: ClaimRequest) -> Claim:
+        if req.snapshot:
+            raise NotSupported(NOT_SUPPORTED["snapshot"])
+        kind = await self._pool_kind(req.pool)
+        name = req.name or f"claim-{secrets.token_hex(5)}"
+        with self._subscribe(name) as ev:  # before the create: its first events must not be missed
+            try:
+                created = await self.ctx.kube.create(self._manifest(name, kind, req))
+            except ApiError as exc:
+                if status_code(exc) != 409:
+                    raise _api_error(exc, f"creating claim {name}") from None
+                created = await self._claim(name)  # an idempotent retry: the claim that exists
+                ref = (created.get("spec") or {}).get("poolRef") or {}
+                if ref.get("name") != req.pool:
+                    raise Conflict(f"claim {name} exists for {ref.get('kind')} {ref.get('name')!r}, "
+                                   f"not {req.pool!r}") from None
+            body = await self._wait(created, ev, req.timeout_seconds)
+        if (body.get("status") or {}).get("phase") == "Failed":
+            raise self._failed(body)
+        return self.to_api(body)
+
+    async def _wait(self, created: dict[str, Any], ev: asyncio.Event, timeout: float) -> dict[str, Any]:
+        """The claim once it is Bound, Failed or Finished, or as it is when `timeout` runs out. Woken by the
+        operator's watch events for this claim; reads the index (kopf updates it before calling the handler)."""
+        name, uid = created["metadata"]["name"], created["metadata"]["uid"]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        body, seen = created, False
+        while True:
+            ev.clear()
+            current = await self._get("SandboxClaim", name, confirm=False)
+            if current is not None and current["metadata"].get("uid") == uid:
+                body, seen = current, True
+            elif seen:
+                raise NotFound(f"claim {name} was deleted while it was being created")
+            if (body.get("status") or {}).get("phase") in ("Bound", "Failed", "Finished"):
+                return body
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return body
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ev.wait(), remaining)
+
+    async def get_claim(self, name: str) -> Claim:
+        return self.to_api(await self._claim(name))
+
+    async def list_claims(self, pool: str | None = None) -> list[Claim]:
+        bodies = await self._list("SandboxClaim")
+        if pool is not None:
+            bodies = [b for b in bodies if ((b.get("spec") or {}).get("poolRef") or {}).get("name") == pool]
+        return sorted((self.to_api(b) for b in bodies), key=lambda c: (c.created, c.name))
+
+    async def delete_claim(self, name: str) -> None:
+        body = await self._claim(name)
+        spec, st = body.get("spec") or {}, body.get("status") or {}
+        uid = body["metadata"]["uid"]
+        retain = (spec.get("lifecycle") or {}).get("shutdownPolicy") == "Retain"
+        with self._subscribe(name) as ev:
+            try:
+                if retain and st.get("phase") == "Bound":
+                    # The operator's own shutdown path: detach the sandbox (Retain), finish, delete the claim.
+                    await self.ctx.kube.patch("SandboxClaim", name, self.ns, {
+                        "metadata": {"uid": uid},
+                        "spec": {"lifecycle": {"shutdownTime": _iso(datetime.now(timezone.utc)),
+                                               "ttlSecondsAfterFinished": 0}}})
+                else:
+                    await self.ctx.kube.delete("SandboxClaim", name, self.ns, uid=uid)
+            except ApiError as exc:
+                if status_code(exc) in (404, 409):  # gone, or replaced by a new claim of the same name
+                    return
+                raise _api_error(exc, f"deleting claim {name}") from None
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + DELETE_GRACE
+            while (current := await self._get("SandboxClaim", name, confirm=False)) is not None \
+                    and current["metadata"].get("uid") == uid and loop.time() < deadline:
+                ev.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ev.wait(), deadline - loop.time())
+
+    async def renew_claim(self, name: str, ttl_seconds: int) -> Claim:
+        body = await self._claim(name)
+        phase = (body.get("status") or {}).get("phase")
+        if phase in ("Failed", "Finished"):
+            raise Conflict(f"claim {name} is {self.to_api(body).phase}: it cannot be renewed")
+        until = _iso(datetime.now(timezone.utc) + timedelta(seconds=ttl_seconds))
+        try:
+            patched = await self.ctx.kube.patch("SandboxClaim", name, self.ns, {
+                "metadata": {"uid": body["metadata"]["uid"]}, "spec": {"lifecycle": {"shutdownTime": until}}})
+        except ApiError as exc:
+            raise _api_error(exc, f"renewing claim {name}") from None
+        return self.to_api(patched)
+
+    async def pause_claim(self, name: str) -> Claim:
+        await self._claim(name)
+        raise NotSupported(NOT_SUPPORTED["pause"])
+
+    async def resume_claim(self, name: str) -> Claim:
+        await self._claim(name)
+        raise NotSupported(NOT_SUPPORTED["pause"])
+
+    async def snapshot_claim(self, name: str, req: SnapshotRequest) -> Snapshot:
+        await self._claim(name)
+        raise NotSupported(NOT_SUPPORTED["snapshot"])
+
+    async def execd_target(self, name: str) -> ExecdTarget:
+        body = await self._claim(name)
+        st = body.get("status") or {}
+        if st.get("phase") != "Bound" or not (st.get("sandbox") or {}).get("name"):
+            raise Conflict(f"claim {name} is {self.to_api(body).phase}, not Ready")
+        sandbox_name = st["sandbox"]["name"]
+        sandbox = await self._get("Sandbox", sandbox_name)
+        if sandbox is None:
+            raise Unavailable(f"claim {name}: its sandbox {sandbox_name} is gone")
+        m = member_of(sandbox)
+        port = int(((sandbox.get("spec") or {}).get("execd") or {}).get("port", 44772))
+        pod = self._one("pods_idx", (self.ns, sandbox_name)) if self._ready() else None
+        ip = pod.pod_ips[0] if pod is not None and pod.ready and pod.pod_ips else \
+            (m.endpoint.rpartition(":")[0] if m.endpoint else None)
+        if not m.ready or not ip:
+            raise Unavailable(f"claim {name}: sandbox {sandbox_name} is not ready ({m.phase or 'no pod yet'})")
+        host = f"[{ip}]" if ":" in ip else ip
+        return ExecdTarget(url=f"http://{host}:{port}",
+                           token=execd_token(self.ctx.token_key, self.ns, sandbox_name, m.uid))
+
+    async def list_pools(self) -> list[PoolStatus]:
+        out = []
+        for kind in ("WarmPool", "Pool"):
+            for body in await self._list(kind):
+                meta, spec = body["metadata"], body.get("spec") or {}
+                members = [m for m in await self._members(kind, meta["name"]) if not m.deleting]
+                idle = [m for m in members if not m.claim]
+                allocated = len(members) - len(idle)
+                if kind == "WarmPool":
+                    desired = int(spec.get("replicas", 1))
+                else:
+                    cap = spec.get("capacity") or {}
+                    desired = max(int(cap.get("poolMin", 0)),
+                                  min(int(cap.get("poolMax", 10)), allocated + int(cap.get("bufferMin", 1))))
+                out.append(PoolStatus(name=meta["name"], kind=kind, template=(spec.get("templateRef") or {})
+                                      .get("name", ""), desired=desired, ready=sum(1 for m in idle if m.ready),
+                                      idle=len(idle), allocated=allocated))
+        return sorted(out, key=lambda p: (p.name, p.kind))
+
+
+# --- the server, in the operator's event loop ----------------------------------------------------------------------
+
+class _Server:
+    def __init__(self, backend: KubeBackend, settings: ApiSettings) -> None:
+        import uvicorn
+
+        from .app import create_app
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:  # SIGTERM/SIGINT stay kopf's
+                yield
+
+        self.backend, self.settings = backend, settings
+        config = uvicorn.Config(create_app(backend, settings.token), log_level="warning", lifespan="on",
+                                access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5, backlog=2048)
+        self.server = Server(config)
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.settings.host, self.settings.port))  # fails here, loudly, if the port is taken
+        except OSError:
+            sock.close()
+            raise
+        sock.set_inheritable(True)
+        self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
+        while not self.server.started:  # uvicorn's own startup: a few loop turns
+            if self.task.done():
+                self.task.result()
+                raise RuntimeError("the claims API server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self.task is None:
+            return
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), 10)
+        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - stopping anyway
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+
+
+SERVER: dict[str, _Server] = {}
+
+
+async def start(context: Any, indices: Mapping[str, Any]) -> None:
+    """kopf startup: serve the claims API if a token is configured (CORRAL_API_TOKEN / CORRAL_API_TOKEN_FILE)."""
+    settings = ApiSettings.from_env()
+    if not settings.token:
+        log.info("claims API off (set CORRAL_API_TOKEN or CORRAL_API_TOKEN_FILE to serve it)")
+        return
+    idx = {k: v for k, v in indices.items() if k.endswith("_idx")}
+    backend = KubeBackend(context, settings.namespace, idx, lambda: context.cache.ready)
+    server = _Server(backend, settings)
+    try:
+        await server.start()
+    except OSError as exc:  # a taken port or a bad address: fatal, not retried
+        import kopf
+
+        raise kopf.PermanentError(f"the claims API cannot listen on {settings.host}:{settings.port}: {exc}") from exc
+    SERVER["api"] = server
+    log.info("claims API on %s:%d for namespace %s", settings.host, settings.port, settings.namespace)
+
+
+async def stop() -> None:
+    server = SERVER.pop("api", None)
+    if server is not None:
+        await server.stop()
+
+
+def claim_event(namespace: str, name: str) -> None:
+    """A SandboxClaim watch event (after kopf updated its indices): wake whoever waits on that claim."""
+    server = SERVER.get("api")
+    if server is not None:
+        server.backend.claim_event(namespace, name)
