@@ -1,0 +1,79 @@
+"""The Kubernetes claims backend's pure parts: settings from the environment, SandboxClaim -> API claim, errors."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from corral.operator.api.kube_backend import ApiSettings, KubeBackend, NotSupported
+from corral.operator.api.models import ClaimRequest
+
+
+def backend(claims=None):
+    idx = {"claims_idx": {("ns", c["metadata"]["name"]): [c] for c in claims or []}}
+    return KubeBackend(SimpleNamespace(), "ns", idx, lambda: True)
+
+
+def claim_body(phase=None, **status):
+    return {"metadata": {"name": "c", "namespace": "ns", "uid": "u1", "creationTimestamp": "2026-01-02T03:04:05Z"},
+            "spec": {"poolRef": {"kind": "Pool", "name": "p"},
+                     "lifecycle": {"shutdownTime": "2026-01-02T04:00:00Z", "shutdownPolicy": "Retain"}},
+            "status": {"phase": phase, **status} if phase else {}}
+
+
+def test_settings_from_env(tmp_path):
+    assert ApiSettings.from_env({}).token == ""
+    s = ApiSettings.from_env({"CORRAL_API_TOKEN": " t ", "CORRAL_API_HOST": "127.0.0.1", "CORRAL_API_PORT": "9",
+                              "CORRAL_API_NAMESPACE": "sbx"})
+    assert (s.token, s.host, s.port, s.namespace) == ("t", "127.0.0.1", 9, "sbx")
+    (tmp_path / "tok").write_text("from-file\n")
+    s = ApiSettings.from_env({"CORRAL_API_TOKEN": "env", "CORRAL_API_TOKEN_FILE": str(tmp_path / "tok")})
+    assert s.token == "from-file" and s.port == 7780 and s.host == "0.0.0.0" and s.namespace == "default"
+    with pytest.raises(ValueError):
+        ApiSettings.from_env({"CORRAL_API_PORT": "0"})
+
+
+def test_claim_mapping():
+    b = backend()
+    pending = b.to_api(claim_body("Pending", conditions=[{"type": "Bound", "status": "False", "reason": "PoolExhausted",
+                                                          "message": "Pool p is at poolMax (1); waiting"}]))
+    assert pending.phase == "Pending" and pending.sandbox is None and "poolMax" in pending.message
+    assert pending.pool_kind == "Pool" and pending.shutdown_policy == "Retain"
+    assert pending.expires_at.isoformat() == "2026-01-02T04:00:00+00:00"
+    bound = b.to_api(claim_body("Bound", launchType="Warm", boundTime="2026-01-02T03:04:06Z",
+                                sandbox={"name": "s1", "podIPs": ["127.18.0.5"], "endpoint": "127.18.0.5:44772"}))
+    assert bound.phase == "Ready" and bound.launch_type == "warm" and bound.message is None
+    assert bound.sandbox.name == "s1" and bound.sandbox.endpoint == "/v1/claims/c/execd"  # never the pod IP
+    assert b.to_api(claim_body("Finished")).phase == "Expired"
+    assert b.to_api(claim_body()).phase == "Pending"
+
+
+def test_failed_claims_become_typed_errors():
+    b = backend()
+    user = b._failed(claim_body("Failed", conditions=[{"type": "Failed", "status": "True",
+                                                        "reason": "EnvVarsNotAllowed", "message": "no env"}]))
+    assert (user.status, user.code) == (400, "claim_failed") and "EnvVarsNotAllowed" in user.message
+    timeout = b._failed(claim_body("Failed", conditions=[{"type": "Failed", "status": "True", "reason": "Timeout",
+                                                           "message": "no sandbox within 300s"}]))
+    assert timeout.status == 503 and "no sandbox within 300s" in timeout.message
+
+
+def test_docker_only_operations_are_refused_clearly():
+    b = backend([claim_body("Bound")])
+    for call in (b.pause_claim("c"), b.resume_claim("c"), b.snapshot_claim("c", None)):
+        with pytest.raises(NotSupported) as err:
+            asyncio.run(call)
+        assert err.value.status == 400 and err.value.code == "not_supported" and "Docker" in err.value.message
+    with pytest.raises(NotSupported):
+        asyncio.run(b.create_claim(ClaimRequest(pool="p", snapshot="img:tag")))
+
+
+def test_manifest_keeps_the_claim_alive_longer_than_the_wait():
+    m = backend()._manifest("c", "WarmPool", ClaimRequest(pool="wp", env={"A": "1"}, ttl_seconds=60,
+                                                          timeout_seconds=5))
+    spec = m["spec"]
+    assert spec["poolRef"] == {"kind": "WarmPool", "name": "wp"} and spec["env"] == [{"name": "A", "value": "1"}]
+    assert spec["timeoutSeconds"] == 300 and spec["lifecycle"]["shutdownPolicy"] == "Delete"
+    assert spec["lifecycle"]["shutdownTime"].endswith("Z") and m["metadata"]["namespace"] == "ns"
