@@ -24,6 +24,7 @@ fi
 
 # 3. Go-built tools, one at a time (2 cores).
 have openssl || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
+have tmux || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }   # docker tier: drives `corral shell`
 "$SCRIPTS_DIR/toolchain.sh" all
 
 # 4. The execd bundle (a self-contained daemon injected into sandboxes).

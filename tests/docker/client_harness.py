@@ -141,6 +141,7 @@ class Usage:
     fds: int          # open file descriptors of the process tree
     tcp: int          # its established TCP connections
     sockets: int      # all its sockets (TCP, unix, ...)
+    conns: frozenset[tuple[int, int]] = frozenset()   # (local port, remote port) of those connections
 
     def __str__(self) -> str:
         return f"{self.fds} fds, {self.tcp} TCP connections, {self.sockets} sockets"
@@ -148,6 +149,7 @@ class Usage:
 
 def usage(pids: list[int]) -> Usage:
     fds = tcp = sockets = 0
+    conns = set()
     table = _tcp_table(pids[0])
     for pid in pids:
         try:
@@ -162,9 +164,11 @@ def usage(pids: list[int]) -> Usage:
             fds += 1
             if m := re.fullmatch(r"socket:\[(\d+)\]", target):
                 sockets += 1
-                if table.get(int(m.group(1)), ("",))[0] == "01":  # ESTABLISHED
+                state, lport, rport = table.get(int(m.group(1)), ("", 0, 0))
+                if state == "01":  # ESTABLISHED
                     tcp += 1
-    return Usage(fds, tcp, sockets)
+                    conns.add((lport, rport))
+    return Usage(fds, tcp, sockets, frozenset(conns))
 
 
 def readme_section(title: str = "## SDK and CLI") -> str:
