@@ -207,7 +207,7 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
             await upstream.close()
             try:
                 await ws.close()
-            except RuntimeError:
+            except (RuntimeError, WebSocketDisconnect):  # the client closed first
                 pass
 
     return app
