@@ -270,3 +270,30 @@ def test_timeout_zero_answers_202_at_once_and_the_claim_binds(kube, operator, ap
     is_error(http.post("/v1/claims", json={"pool": f"orphan-{uid}", "name": f"now-{uid}"}), 404, "not_found")
     kube.create(warm_pool(f"other-{uid}", f"py-{uid}", 0), namespace=api_ns)
     is_error(http.post("/v1/claims", json={"pool": f"other-{uid}", "name": f"now-{uid}"}), 409, "conflict")
+
+
+def test_the_sdk_works_against_the_kubernetes_operator(kube, operator, api_ns, uid, pod_execd):
+    from corral.client import Client, CorralError, NotFound
+
+    kube.create(template(f"py-{uid}"), namespace=api_ns)
+    kube.create(warm_pool(f"wp-{uid}", f"py-{uid}", 1), namespace=api_ns)
+    (sandbox,) = wait_ready_pool(kube, api_ns, f"wp-{uid}", 1)
+    pod_execd(sandbox)
+    with Client(url=operator.api_url, token=API_TOKEN) as client:
+        assert any(p.name == f"wp-{uid}" and p.kind == "WarmPool" for p in client.pools())
+        with client.claim(f"wp-{uid}", ttl=300) as sbx:
+            assert sbx.claim.launch_type == "warm" and sbx.claim.sandbox.name == sandbox.metadata.name
+            result = sbx.commands.run("echo from-the-sdk; exit 3")
+            assert result.stdout.strip() == "from-the-sdk" and result.exit_code == 3
+            before = sbx.claim.expires_at
+            assert sbx.renew(3600).expires_at > before
+            name = sbx.name
+        # Leaving the block released the claim: it is gone, and so is its warm sandbox (policy Delete).
+        with pytest.raises(NotFound):
+            client.sandbox(name)
+        wait_until(lambda: sandbox_or_none(kube, api_ns, sandbox.metadata.name) is None, 30, what="sandbox deleted")
+        with pytest.raises(NotFound):
+            client.claim(f"missing-{uid}")
+        with pytest.raises(CorralError) as failed:  # env the template does not allow: the claim's Failed condition
+            client.claim(f"wp-{uid}", env={"X": "1"})
+        assert failed.value.code == "claim_failed" and "envVarsInjectionPolicy" in failed.value.message
