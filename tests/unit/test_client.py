@@ -233,3 +233,34 @@ def test_cli_errors_are_one_line_with_the_servers_message(tmp_path, monkeypatch)
     res = CliRunner().invoke(app, ["ls"])
     assert res.exit_code == 1 and "no API token" in res.output
     assert isinstance(ClaimFailed("x"), CorralError) and Path(cfg.config_path()) == tmp_path / "none.toml"
+
+
+def test_pools_route_lists_the_backends_pools_or_answers_501():
+    from fastapi.testclient import TestClient
+
+    from corral.operator.api import PoolStatus, create_app
+
+    class Old:  # a backend written before list_pools existed
+        pass
+
+    class New:
+        async def list_pools(self) -> list[PoolStatus]:
+            return [PoolStatus(name="python", kind="WarmPool", template="python", desired=2, ready=1, idle=2,
+                               allocated=3)]
+
+    auth = {"Authorization": "Bearer t"}
+    with TestClient(create_app(Old(), "t")) as http:  # type: ignore[arg-type]
+        r = http.get("/v1/pools", headers=auth)
+        assert r.status_code == 501 and r.json()["code"] == "not_implemented"
+        assert http.get("/v1/pools").status_code == 401
+    with TestClient(create_app(New(), "t")) as http:  # type: ignore[arg-type]
+        r = http.get("/v1/pools", headers=auth)
+        assert r.status_code == 200
+        assert r.json() == {"items": [{"name": "python", "kind": "WarmPool", "template": "python", "desired": 2,
+                                       "ready": 1, "idle": 2, "allocated": 3}]}
+        def forward(request: httpx.Request) -> httpx.Response:
+            r = http.request(request.method, request.url.path, headers=dict(request.headers))
+            return httpx.Response(r.status_code, content=r.content, headers=r.headers)
+
+        with Client("http://api.test", "t", transport=httpx.MockTransport(forward)) as c:  # the SDK parses it
+            assert [(p.name, p.ready, p.allocated) for p in c.pools()] == [("python", 1, 3)]
