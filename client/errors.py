@@ -89,7 +89,8 @@ BY_STATUS: dict[int, type[CorralError]] = {
     400: InvalidRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: InvalidRequest,
     422: InvalidRequest, 502: Unavailable, 503: Unavailable, 504: Unavailable,
 }
-# The claims API answers 409 "claim x is Paused, not Ready" when a claim's sandbox cannot be reached or changed.
+# The claims API answers 409 "claim x is Paused, not Ready" when a claim's sandbox cannot be reached or changed
+# (a backend may also use the code `not_ready`).
 _NOT_READY = re.compile(r"\bis (Pending|Paused|Expired|Failed), not\b")
 
 
@@ -103,6 +104,6 @@ def error_from(status: int, body: bytes, *, method: str = "", path: str = "") ->
     except ValueError:
         pass
     cls = BY_STATUS.get(status) or (ServerError if status >= 500 else CorralError)
-    if cls is Conflict and code == "conflict" and _NOT_READY.search(message):
+    if cls is Conflict and (code == "not_ready" or (code == "conflict" and _NOT_READY.search(message))):
         cls = NotReady
     return cls(message, code=code, status=status, method=method, path=path)

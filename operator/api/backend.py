@@ -6,6 +6,8 @@ answers and with which token; the API never exposes either to clients.
 
 `list_pools` (GET /v1/pools, for `corral pools`) was added after the first version; a backend that does not have it
 yet makes that route answer 501 `not_implemented` (the app checks with getattr), everything else is unaffected.
+A claim that exists but is not Ready (execd_target, pause, ...) is a `Conflict` worded "claim <name> is <Phase>, not
+Ready" (or with code="not_ready"): the SDK turns either into its `NotReady` exception.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def test_errors_carry_the_servers_code_and_message():
     assert isinstance(nr, NotReady) and isinstance(nr, Conflict)
     exists = error_from(409, b'{"code":"exists","message":"/a exists (pass overwrite)"}')
     assert type(exists) is Conflict and exists.code == "exists"
+    assert isinstance(error_from(409, b'{"code":"not_ready","message":"claim w is Bound"}'), NotReady)
     full = error_from(409, b'{"code":"conflict","message":"pool shell is at poolMax 2"}')
     assert type(full) is Conflict
 
