@@ -8,6 +8,7 @@
     corral cp SRC DST                         NAME:/path on either side; streamed with a progress bar
     corral release NAME...                    end claims
     corral config pulumi --stack local        write ~/.config/corral/config.toml from the stack's outputs
+    corral config set --url URL --token T     ... or from an address and a token
 """
 
 from __future__ import annotations
@@ -270,10 +271,12 @@ def config_pulumi(stack: Annotated[str, typer.Option(help="Pulumi stack whose ou
                   pulumi: Annotated[str, typer.Option(help="The Pulumi command (e.g. scripts/pulumi.sh).")] = "pulumi",
                   cwd: Annotated[Optional[str], typer.Option(help="The Pulumi project directory.")] = None,
                   path: Annotated[Optional[Path], typer.Option(help="Config file (default ~/.config/corral/config.toml).")] = None,
+                  url: Annotated[Optional[str], typer.Option(help="Use this address instead of the stack's (e.g. a "
+                                                                  "kubectl port-forward).")] = None,
                   ) -> None:
-    """Write the config file from `pulumi stack output` (apiUrl, apiToken)."""
+    """Write the config file from `pulumi stack output`: apiUrl (Docker) or apiEndpoint (Kubernetes), apiToken."""
     try:
-        url, token = cfg.from_pulumi_outputs(cfg.pulumi_outputs(stack, pulumi=pulumi, cwd=cwd), stack)
+        url, token = cfg.from_pulumi_outputs(cfg.pulumi_outputs(stack, pulumi=pulumi, cwd=cwd), stack, url)
     except CorralError as exc:
         raise fail(exc) from None
     written = cfg.write_file(url, token, path)

@@ -1,7 +1,7 @@
 """Where the claims API is and its token: explicit arguments, else the environment (`CORRAL_API_URL`,
 `CORRAL_API_TOKEN`), else the config file (`CORRAL_CONFIG`, default `~/.config/corral/config.toml`, honouring
-`XDG_CONFIG_HOME`). `corral config pulumi --stack local` writes that file from the stack's outputs (`apiUrl`,
-`apiToken`).
+`XDG_CONFIG_HOME`). `corral config pulumi --stack local` writes that file from the stack's outputs (`apiUrl` or,
+on Kubernetes, `apiEndpoint`, and `apiToken`).
 
     # ~/.config/corral/config.toml (mode 0600)
     api_url = "http://127.0.0.1:7780"
@@ -91,14 +91,16 @@ def write_file(url: str, token: str, path: Path | None = None) -> Path:
     return path
 
 
-def from_pulumi_outputs(outputs: dict[str, object], stack: str) -> tuple[str, str]:
-    """(url, token) from `pulumi stack output --json --show-secrets`: the stack exports `apiUrl` and `apiToken`."""
-    url, token = outputs.get("apiUrl"), outputs.get("apiToken")
-    if not isinstance(url, str) or not isinstance(token, str) or not token or token == "[secret]":
+def from_pulumi_outputs(outputs: dict[str, object], stack: str, url: str | None = None) -> tuple[str, str]:
+    """(url, token) from `pulumi stack output --json --show-secrets`. The local (Docker) stack exports `apiUrl` and
+    `apiToken`; a Kubernetes stack exports `apiEndpoint` (the in-cluster Service URL) and `apiToken`; `url` overrides
+    the address (e.g. http://127.0.0.1:7780 through `kubectl port-forward`)."""
+    found, token = url or outputs.get("apiUrl") or outputs.get("apiEndpoint"), outputs.get("apiToken")
+    if not isinstance(found, str) or not found or not isinstance(token, str) or not token or token == "[secret]":
         have = ", ".join(sorted(outputs)) or "none"
-        raise ConfigError(f"stack {stack} does not export apiUrl and apiToken (it exports: {have}); "
+        raise ConfigError(f"stack {stack} does not export apiUrl (or apiEndpoint) and apiToken (it exports: {have}); "
                           f"use `corral config set --url ... --token ...` instead")
-    return url, token
+    return found, token
 
 
 def pulumi_outputs(stack: str, *, pulumi: str = "pulumi", cwd: str | None = None) -> dict[str, object]:
