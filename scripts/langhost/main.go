@@ -3,9 +3,11 @@
 // Why Corral has its own: the upstream host lives in an untagged module
 // (github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3) that the Go module proxy reachable here does
 // not serve, so it cannot be built offline. The engine <-> host protocol is small for what Corral needs: run a
-// program (`pulumi preview/up/destroy`) and run a plugin (a Python component provider, `pulumi package get-schema`).
-// Both delegate to the `pulumi-language-python-exec` script and the `pulumi` Python package, exactly like upstream.
-// Dependency installation and code generation are not offered: the project's venv is set up by scripts/setup.sh.
+// program (`pulumi preview/up/destroy`), run a plugin (a Python component provider, `pulumi package get-schema`) and
+// generate and link a Python SDK from a package schema (`pulumi package add`, with upstream's Python codegen). Running
+// delegates to the `pulumi-language-python-exec` script and the `pulumi` Python package, exactly like upstream.
+// Dependency installation is not offered: the project's venv is set up by scripts/setup.sh, so Link records a linked
+// SDK in requirements.txt when the project has one and otherwise says how to install it.
 //
 // Python is chosen as: the `virtualenv` runtime option of Pulumi.yaml (relative to the project root), else
 // $PULUMI_PYTHON_CMD, else `python3` on PATH (an activated venv wins).
@@ -24,6 +26,8 @@ import (
 	"strings"
 	"sync"
 
+	pycodegen "github.com/pulumi/pulumi/pkg/v3/codegen/python"
+	"github.com/pulumi/pulumi/pkg/v3/codegen/schema"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/util/rpcutil"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/version"
 	pulumirpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
@@ -160,11 +164,19 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 	args = append(args, program)
 	args = append(args, req.GetArgs()...)
 
-	config, err := json.Marshal(req.GetConfig())
+	// A stack without config sends none: the exec script wants `{}` and `[]`, never `null`.
+	configMap, secretList := req.GetConfig(), req.GetConfigSecretKeys()
+	if configMap == nil {
+		configMap = map[string]string{}
+	}
+	if secretList == nil {
+		secretList = []string{}
+	}
+	config, err := json.Marshal(configMap)
 	if err != nil {
 		return nil, err
 	}
-	secretKeys, err := json.Marshal(req.GetConfigSecretKeys())
+	secretKeys, err := json.Marshal(secretList)
 	if err != nil {
 		return nil, err
 	}
@@ -246,4 +258,70 @@ func (h *languageHost) RunPlugin(req *pulumirpc.RunPluginRequest, srv grpc.Serve
 	}
 	send(&pulumirpc.RunPluginResponse{Output: &pulumirpc.RunPluginResponse_Exitcode{Exitcode: code}})
 	return nil
+}
+
+// GeneratePackage writes a Python SDK for a package schema (upstream's codegen) into the request's directory.
+func (h *languageHost) GeneratePackage(_ context.Context, req *pulumirpc.GeneratePackageRequest) (*pulumirpc.GeneratePackageResponse, error) {
+	loader, err := schema.NewLoaderClient(req.GetLoaderTarget())
+	if err != nil {
+		return nil, err
+	}
+	defer loader.Close()
+	var spec schema.PackageSpec
+	if err := json.Unmarshal([]byte(req.GetSchema()), &spec); err != nil {
+		return nil, fmt.Errorf("GeneratePackage: bad schema: %w", err)
+	}
+	pkg, diags, err := schema.BindSpec(spec, loader, schema.ValidationOptions{AllowDanglingReferences: true})
+	if err != nil {
+		return nil, err
+	}
+	if diags.HasErrors() {
+		return nil, fmt.Errorf("GeneratePackage: schema of %s: %w", spec.Name, diags)
+	}
+	files, err := pycodegen.GeneratePackage("pulumi-language-python", pkg, req.GetExtraFiles(), loader)
+	if err != nil {
+		return nil, err
+	}
+	for name, data := range files {
+		path := filepath.Join(req.GetDirectory(), name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return &pulumirpc.GeneratePackageResponse{}, nil
+}
+
+// Link adds generated SDKs to the program: a `-e <path>` line in its requirements.txt when it has one (nothing is
+// installed here), and instructions to import them.
+func (h *languageHost) Link(_ context.Context, req *pulumirpc.LinkRequest) (*pulumirpc.LinkResponse, error) {
+	root := req.GetInfo().GetRootDirectory()
+	requirements := filepath.Join(root, "requirements.txt")
+	var b strings.Builder
+	for _, dep := range req.GetPackages() {
+		name := dep.GetPackage().GetName()
+		module := pycodegen.PyPack("", name)
+		if _, err := os.Stat(requirements); err == nil {
+			old, err := os.ReadFile(requirements)
+			if err != nil {
+				return nil, err
+			}
+			line := "-e " + dep.GetPath()
+			if !strings.Contains("\n"+string(old)+"\n", "\n"+line+"\n") {
+				if len(old) > 0 && !strings.HasSuffix(string(old), "\n") {
+					old = append(old, '\n')
+				}
+				if err := os.WriteFile(requirements, append(old, []byte(line+"\n")...), 0o644); err != nil {
+					return nil, err
+				}
+			}
+			fmt.Fprintf(&b, "Added %s to requirements.txt; install it with `pip install -r requirements.txt`.\n", dep.GetPath())
+		} else {
+			fmt.Fprintf(&b, "Install the SDK into the program's Python environment: pip install -e %s\n", dep.GetPath())
+		}
+		fmt.Fprintf(&b, "Then use it in your program:\n\n    import %s as %s\n\n", module, pycodegen.PyName(name))
+	}
+	return &pulumirpc.LinkResponse{ImportInstructions: b.String()}, nil
 }
