@@ -1,6 +1,10 @@
-"""engine tier: `pulumi package get-schema` (the real CLI, through the Python language host's RunPlugin) on Corral's
-component provider returns the five components with their inputs, outputs and descriptions, exactly as the Python
-components' args dataclasses and docstrings define them: the provider cannot drift from the Python API."""
+"""engine tier: Corral's component provider with the real Pulumi CLI.
+
+`pulumi package get-schema` (through the Python language host's RunPlugin) returns the five components with their
+inputs, outputs and descriptions, exactly as the Python components' args dataclasses and docstrings define them: the
+provider cannot drift from the Python API. And the path every other language takes: `pulumi package add` generates
+an SDK from that schema and records the provider in Pulumi.yaml; a program using the SDK runs `pulumi up` on the
+local cluster, the engine constructs the components in the provider, and the objects appear on the API server."""
 
 from __future__ import annotations
 
@@ -8,9 +12,17 @@ import ast
 import dataclasses
 import inspect
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import yaml
+from lightkube import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Namespace
 
 import corral.components as components
 from corral.components.provider import describe
@@ -70,3 +82,85 @@ def test_get_schema_lists_the_five_components_as_the_python_api_defines_them(pul
     assert pool["capacity"]["$ref"] == "#/types/corral:index:Capacity"
     assert types["corral:index:Capacity"]["properties"]["bufferMin"]["type"] == "integer"
     assert schema["resources"]["corral:index:WarmPool"]["inputProperties"]["replicas"]["type"] == "integer"
+
+
+SandboxTemplate = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxTemplate", "sandboxtemplates")
+WarmPool = create_namespaced_resource("corral.dev", "v1alpha1", "WarmPool", "warmpools")
+
+# A program that knows Corral only through the SDK generated from the provider's schema (as a TypeScript or Go
+# program would), with typed args: nested types, enums, and one component's output feeding another.
+CONSUMER = """
+import pulumi
+import pulumi_corral as corral
+import pulumi_kubernetes as k8s
+
+sandboxes = k8s.core.v1.Namespace("remote-sandboxes", metadata={"name": "remote-sandboxes"})
+controller = corral.ControllerDeployment("corral", namespace="remote-system",
+                                         values=corral.OperatorValuesArgs(log_level=corral.LogLevel.DEBUG))
+after = pulumi.ResourceOptions(depends_on=[controller])
+template = corral.SandboxTemplate("shell", namespace=sandboxes.metadata.name, spec={
+    "podTemplate": {"spec": {"containers": [{"name": "sandbox", "image": "corral/shell:bookworm"}]}}}, opts=after)
+warm = corral.WarmPool("shell-warm", template=template.name, namespace=template.namespace, replicas=3,
+                       update_strategy=corral.UpdateStrategy.RECREATE, opts=after)
+pulumi.export("warmPool", warm.name)
+pulumi.export("metrics", controller.metrics_endpoint)
+"""
+
+
+def test_package_add_then_a_program_uses_the_components_through_the_provider(pulumi_cli, kube_cluster, kube,
+                                                                             tmp_path):
+    assert not ({"warmpools.corral.dev"} & {c.metadata.name for c in kube.list(CustomResourceDefinition)}), \
+        "Corral CRDs already on the cluster (left by another run?)"
+    work = tmp_path / "consumer"
+    work.mkdir()
+    (work / "Pulumi.yaml").write_text(yaml.safe_dump({
+        "name": "corral-consumer", "runtime": {"name": "python", "options": {"virtualenv": str(REPO / ".venv")}}}))
+    (work / "requirements.txt").write_text("pulumi\n")
+    (work / "__main__.py").write_text(CONSUMER)
+    env = {"KUBECONFIG": kube_cluster.kubeconfig}
+    run = lambda *a, **kw: pulumi_cli.run(*a, cwd=work, env=env, **kw)  # noqa: E731
+
+    added = run("package", "add", str(PROVIDER))
+    assert "import pulumi_corral as corral" in added.stdout, added.stdout
+    assert yaml.safe_load((work / "Pulumi.yaml").read_text())["packages"] == {"corral": str(PROVIDER)}
+    assert (work / "requirements.txt").read_text().splitlines() == ["pulumi", "-e sdks/corral"]
+    sdk = work / "sdks" / "corral"
+    assert {"controller_deployment.py", "sandbox_template.py", "warm_pool.py", "pool.py", "docker_stack.py"} <= {
+        p.name for p in (sdk / "pulumi_corral").iterdir()}
+    # The SDK reads its version from package metadata: write it next to the sources instead of installing the SDK
+    # into the repository's shared venv.
+    subprocess.run([str(REPO / ".venv" / "bin" / "python"), "setup.py", "-q", "egg_info"], cwd=sdk, check=True,
+                   capture_output=True)
+    env["PYTHONPATH"] = str(sdk)
+
+    run("stack", "init", "dev", "--non-interactive")
+    try:
+        run("up", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview")
+        out = json.loads(run("stack", "output", "--stack", "dev", "--json").stdout)
+        assert out == {"warmPool": "shell-warm", "metrics": "http://corral.remote-system.svc:9090/metrics"}
+        state = json.loads(run("stack", "export", "--stack", "dev").stdout)["deployment"]["resources"]
+        assert {r["type"] for r in state if r["type"].startswith("corral:index:")} == {
+            "corral:index:ControllerDeployment", "corral:index:SandboxTemplate", "corral:index:WarmPool"}
+        # What the components made, read back from the API server.
+        (operator,) = kube.list(Deployment, namespace="remote-system")
+        assert "--debug" in operator.spec.template.spec.containers[0].args
+        warm = kube.get(WarmPool, "shell-warm", namespace="remote-sandboxes")
+        assert warm["spec"]["templateRef"] == {"name": "shell"} and warm["spec"]["replicas"] == 3
+        assert warm["spec"]["updateStrategy"] == {"type": "Recreate"}
+        assert kube.get(SandboxTemplate, "shell", namespace="remote-sandboxes")["spec"]["podTemplate"]["spec"][
+            "containers"][0]["image"] == "corral/shell:bookworm"
+
+        run("destroy", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview")
+        assert "warmpools.corral.dev" not in {c.metadata.name for c in kube.list(CustomResourceDefinition)}
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                kube.get(Namespace, "remote-system")
+            except ApiError as exc:
+                assert exc.status.code == 404
+                break
+            assert time.monotonic() < deadline, "namespace remote-system still exists"
+            time.sleep(0.5)
+    finally:
+        run("destroy", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview", check=False)
+        run("stack", "rm", "dev", "--yes", "--force", "--non-interactive", check=False)
