@@ -106,3 +106,42 @@ def test_existing_stack_example_up_and_removing_corral_leaves_the_host_program(p
         run("destroy", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview", check=False)
         run("stack", "rm", STACK, "--yes", "--force", "--non-interactive", check=False)
     wait_gone(kube, Namespace, "platform-apps")
+
+
+def test_docker_only_example_serves_claims_and_destroy_leaves_nothing(pulumi_cli, docker_client, tmp_path):
+    """examples/docker-only with the real CLI on the real Docker Engine: its own stack label and port, a warm claim
+    runs a command, destroy removes every container, network and volume of its stack."""
+    import httpx
+
+    from corral.operator.docker.image import ensure_image
+
+    ensure_image()  # what scripts/setup.sh did; a cache hit normally
+    label = "corral.dev/stack=example-dev"
+
+    def leftovers() -> list[str]:
+        return ([c.name for c in docker_client.containers.list(all=True, filters={"label": label})]
+                + [n.name for n in docker_client.networks.list(filters={"label": label})]
+                + [v.name for v in docker_client.volumes.list(filters={"label": label})])
+
+    assert not leftovers(), f"stack example-dev already has Docker objects: {leftovers()}"
+    work = tmp_path / "examples" / "docker-only"
+    shutil.copytree(REPO / "examples" / "docker-only", work)
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    env = {"CORRAL_CACHE": str(tmp_path / "cache")}  # the pools file goes under here
+    run = lambda *a, **kw: pulumi_cli.run(*a, cwd=work, env=env, **kw)  # noqa: E731
+    run("stack", "init", STACK, "--non-interactive")
+    try:
+        run("up", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview")  # no config: the defaults
+        out = json.loads(run("stack", "output", "--stack", STACK, "--json", "--show-secrets").stdout)
+        assert out["apiUrl"] == "http://127.0.0.1:7790"
+        with httpx.Client(base_url=out["apiUrl"], headers={"Authorization": f"Bearer {out['apiToken']}"},
+                          timeout=120) as http:
+            claim = http.post("/v1/claims", json={"pool": "shell", "name": "hello"})
+            assert claim.status_code == 201, claim.text
+            r = http.post("/v1/claims/hello/execd/v1/command", json={"command": "echo $((6*7))"})
+            assert r.status_code == 200 and r.json()["stdout"] == "42\n", r.text
+        run("destroy", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview")
+        assert not leftovers(), leftovers()
+    finally:
+        run("destroy", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview", check=False)
+        run("stack", "rm", STACK, "--yes", "--force", "--non-interactive", check=False)
