@@ -79,7 +79,7 @@ def new_claim_name() -> str:
     return f"c-{secrets.token_hex(6)}"
 
 
-# --- the claims API --------------------------------------------------------------------------------------------------
+# --- the claims API ---------------------------------------------------------------------------------------------
 def create_claim(req: m.ClaimRequest) -> Call:
     return Call("POST", "/v1/claims", json=req.model_dump(mode="json", by_alias=True, exclude_none=True),
                 idempotent=req.name is not None, timeout=req.timeout_seconds + 30.0,
@@ -105,7 +105,8 @@ def renew(name: str, ttl: int) -> Call:
 
 
 def pause(name: str) -> Call:
-    return Call("POST", f"/v1/claims/{q(name)}/pause", idempotent=True, parse=lambda r: m.Claim.model_validate(r.json()))
+    return Call("POST", f"/v1/claims/{q(name)}/pause", idempotent=True,
+                parse=lambda r: m.Claim.model_validate(r.json()))
 
 
 def resume(name: str) -> Call:
@@ -123,7 +124,7 @@ def list_pools() -> Call:
                 parse=lambda r: [m.PoolStatus.model_validate(p) for p in r.json()["items"]])
 
 
-# --- execd, through the proxy ----------------------------------------------------------------------------------------
+# --- execd, through the proxy -----------------------------------------------------------------------------------
 def command_body(command: str | Sequence[str], *, cwd: str | None, env: Mapping[str, str] | None,
                  timeout: float | None, user: str | None, background: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {"command": command} if isinstance(command, str) else {"argv": list(command)}
@@ -257,7 +258,7 @@ def ws_url(api_url: str, path: str) -> str:
     return ("wss" if scheme == "https" else "ws") + "://" + rest.rstrip("/") + path
 
 
-# --- Server-Sent Events of /v1/command/stream --------------------------------------------------------------------------
+# --- Server-Sent Events of /v1/command/stream -------------------------------------------------------------------
 class SSE:
     """Feed lines, get (event, data) pairs at each blank line."""
 
@@ -292,7 +293,7 @@ def stream_event(event: str, data: str) -> tuple[str, Any]:
     return event, payload
 
 
-# --- PTY WebSocket frames (execd's format) ----------------------------------------------------------------------------
+# --- PTY WebSocket frames (execd's format) -----------------------------------------------------------------------
 STDIN, STDOUT, REPLAY = b"\x00", b"\x01", b"\x03"
 
 

@@ -62,7 +62,8 @@ def run_cli(fn: Any) -> Any:
 
 @app.callback()
 def main(ctx: typer.Context,
-         url: Annotated[Optional[str], typer.Option(envvar=cfg.ENV_URL, help="Claims API URL.", show_envvar=True)] = None,
+         url: Annotated[Optional[str], typer.Option(envvar=cfg.ENV_URL, help="Claims API URL.",
+                                                    show_envvar=True)] = None,
          token: Annotated[Optional[str], typer.Option(envvar=cfg.ENV_TOKEN, help="Claims API token.",
                                                       show_envvar=True, show_default=False)] = None) -> None:
     ctx.obj = Ctx(url, token)
@@ -131,8 +132,9 @@ def claim(ctx: typer.Context, pool: Annotated[str, typer.Argument(help="WarmPool
             out.print_json(sbx.claim.model_dump_json(by_alias=True))
         else:
             print(sbx.name)
-            err.print(f"[dim]{sbx.claim.launch_type} claim of {pool}, sandbox {sbx.claim.sandbox.name if sbx.claim.sandbox else '-'}"
-                      f"{', expires ' + sbx.claim.expires_at.isoformat() if sbx.claim.expires_at else ''}[/dim]")
+            c = sbx.claim
+            err.print(f"[dim]{c.launch_type} claim of {pool}, sandbox {c.sandbox.name if c.sandbox else '-'}"
+                      f"{', expires ' + c.expires_at.isoformat() if c.expires_at else ''}[/dim]")
 
 
 @app.command("ls")
@@ -196,7 +198,8 @@ def exec_(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim na
 
 @app.command()
 def shell(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim name.")],
-          command: Annotated[Optional[str], typer.Option("--command", "-c", help="Run this instead of a login shell.")] = None,
+          command: Annotated[Optional[str], typer.Option("--command", "-c",
+                                                         help="Run this instead of a login shell.")] = None,
           ) -> None:
     """An interactive terminal in the sandbox (raw mode; resizing the window resizes it). Exits with the remote
     exit code."""
@@ -270,7 +273,8 @@ def _is_dir(sbx: Any, path: str) -> bool:
 def config_pulumi(stack: Annotated[str, typer.Option(help="Pulumi stack whose outputs to read.")] = "local",
                   pulumi: Annotated[str, typer.Option(help="The Pulumi command (e.g. scripts/pulumi.sh).")] = "pulumi",
                   cwd: Annotated[Optional[str], typer.Option(help="The Pulumi project directory.")] = None,
-                  path: Annotated[Optional[Path], typer.Option(help="Config file (default ~/.config/corral/config.toml).")] = None,
+                  path: Annotated[Optional[Path], typer.Option(
+                      help="Config file (default ~/.config/corral/config.toml).")] = None,
                   url: Annotated[Optional[str], typer.Option(help="Use this address instead of the stack's (e.g. a "
                                                                   "kubectl port-forward).")] = None,
                   ) -> None:
