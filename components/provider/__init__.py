@@ -6,7 +6,8 @@ TypedDicts of plain types and `pulumi.Input`s, not dataclasses holding pydantic 
 provider-facing layer: each `*Args` TypedDict mirrors the args dataclass of the Python component of the same name
 (same fields, same required ones, same docstrings), and each component subclasses the Python component, so what
 runs is exactly the Python component (same type token, children and validation). tests/unit/test_provider.py fails
-when a mirror drifts from its Python args.
+when a mirror drifts from its Python args. ControllerDeployment's chart values are generated from their pydantic
+model instead (_schema.mirror_model).
 
 No `from __future__ import annotations` here: the schema is read from evaluated annotations.
 
@@ -14,28 +15,21 @@ No `from __future__ import annotations` here: the schema is read from evaluated 
     python -m corral.components.provider        # what the plugin host runs
 """
 
-import inspect
 import json
-import re
 import sys
-import types
-import typing
 from enum import Enum
-from typing import Any, Literal, Optional, TypedDict
-
-try:
-    from typing import NotRequired
-except ImportError:  # pragma: no cover (Python < 3.11)
-    from typing_extensions import NotRequired
+from typing import Any, NotRequired, Optional, TypedDict
 
 import pulumi
-from pydantic import BaseModel
 
 from .. import controller, docker_stack, resources
 from .._version import __version__
 from ..controller_values import OperatorValues as _OperatorValuesModel
+from ._schema import MODEL_TYPES, described, describe, mirror_model
 
 PACKAGE = "corral"
+__all__ = ["COMPONENTS", "PYTHON_COMPONENTS", "ControllerDeployment", "SandboxTemplate", "WarmPool", "Pool",
+           "DockerStack", "describe", "main", "provider", "schema"]
 
 
 class UpdateStrategy(str, Enum):
@@ -69,53 +63,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# --- types generated from pydantic models -------------------------------------------------------------------------
-# A large model (the chart values) is mirrored by generating TypedDicts and Enums from it, so it cannot drift; their
-# descriptions come from the model's Field descriptions (generated classes have no source to read docstrings from),
-# filled in by provider() below.
-MODEL_TYPES: dict[str, type[BaseModel]] = {}
-"""Generated TypedDict name -> the pydantic model it mirrors."""
-ENUM_TYPES: dict[str, tuple[str, ...]] = {}
-"""Generated Enum name -> its values (a Literal of the model)."""
-
-
-def _enum_member(value: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", value).upper().replace("-", "_")
-
-
-def _mirror_type(annotation: Any, field: str) -> Any:
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return mirror_model(annotation)
-    if origin is Literal:
-        name = "".join(part.title() for part in field.split("_"))
-        if ENUM_TYPES.setdefault(name, args) != args:
-            raise TypeError(f"two Literal fields named {field} with different values: name the enum explicitly")
-        return Enum(name, {_enum_member(v): v for v in args}, type=str, module=__name__)
-    if origin in (typing.Union, types.UnionType):
-        rest = [a for a in args if a is not type(None)]
-        assert len(rest) == 1, f"{field}: unions other than Optional are not supported"
-        return Optional[_mirror_type(rest[0], field)]
-    if origin is list:
-        return list[_mirror_type(args[0], field)]
-    if origin is dict:
-        return dict[str, _mirror_type(args[1], field)]
-    return annotation
-
-
-def mirror_model(model: type[BaseModel]) -> type:
-    """A TypedDict with a pydantic model's fields (snake_case; the schema camelCases them), each NotRequired unless
-    the model requires it."""
-    hints = typing.get_type_hints(model)
-    fields = {name: (_mirror_type(hints[name], name) if f.is_required()
-                     else NotRequired[_mirror_type(hints[name], name)])
-              for name, f in model.model_fields.items()}
-    td = TypedDict(model.__name__, fields)  # type: ignore[misc]
-    td.__module__, td.__doc__ = __name__, inspect.cleandoc(model.__doc__ or model.__name__)
-    MODEL_TYPES[td.__name__] = model
-    return td
-
-
+# The chart values: generated from their pydantic model (large, and changing with the chart), so they cannot drift.
 OperatorValues = mirror_model(_OperatorValuesModel)
 
 
@@ -360,19 +308,6 @@ PYTHON_COMPONENTS = {c.__name__: (c.__mro__[1], a) for c, a in [
     (WarmPool, resources.WarmPoolArgs), (Pool, resources.PoolArgs), (DockerStack, docker_stack.DockerStackArgs)]}
 
 
-def describe(doc: str) -> str:
-    """A docstring as a schema description: indentation removed, hard-wrapped lines joined (paragraphs kept)."""
-    return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(doc))
-
-
-def _described(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: describe(v) if k == "description" and isinstance(v, str) else _described(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_described(v) for v in node]
-    return node
-
-
 def provider():
     """The component provider: Pulumi's ComponentProvider over COMPONENTS, descriptions tidied."""
     from pulumi.provider.experimental.component import ComponentProvider
@@ -383,7 +318,7 @@ def provider():
         props = schema["types"][f"{PACKAGE}:index:{name}"]["properties"]
         for field, info in model.model_fields.items():
             props[info.alias or field]["description"] = info.description or field
-    p.schema = json.dumps(_described(schema))
+    p.schema = json.dumps(described(schema))
     return p
 
 
