@@ -46,11 +46,11 @@ cp "$REPO_DIR"/operator/reconcile/*.py "$src/operator/reconcile/"
 cp "$REPO_DIR"/operator/api/*.py "$src/operator/api/"
 cp "$REPO_DIR"/api/*.py "$src/api/"
 cp "$REPO_DIR"/execd/*.py "$src/execd/"
-cat >"$work/entry.py" <<'PY'
-from corral.operator.__main__ import main
-
-main()
-PY
+# kopf imports corral.operator.handlers by name (and the handlers import parts lazily): import every staged module
+# statically, so PyInstaller's analysis bundles all of them.
+(cd "$work/src" && find corral -name '*.py' ! -name '__init__.py' ! -name '__main__.py' | sort | sed 's|/|.|g; s|\.py$||' \
+  | awk '{print "import " $0 "  # noqa: F401"}') >"$work/entry.py"
+printf '\nfrom corral.operator.__main__ import main\n\nmain()\n' >>"$work/entry.py"
 
 log "building controller image $tag (PyInstaller --onedir)"
 t0=$SECONDS
@@ -73,6 +73,9 @@ COPY controller /opt/corral/controller
 # ADD unpacks the tar: /opt/corral/execd/execd (+ _internal), what execd's initContainer runs (execd install <dir>).
 ADD execd-bundle.tar /
 LABEL dev.corral.image-key=$key app.kubernetes.io/name=corral-operator app.kubernetes.io/version=$app_version
+# a named user: kopf's peering identity asks getpass.getuser(), which needs a passwd entry for the uid
+RUN echo 'corral:x:65532:65532:corral operator:/nonexistent:/usr/sbin/nologin' >>/etc/passwd \
+ && echo 'corral:x:65532:' >>/etc/group
 USER 65532:65532
 ENTRYPOINT ["/opt/corral/controller/corral-controller"]
 DOCKERFILE

@@ -4,10 +4,12 @@ warm and cold claim flow while the server denies it what the chart does not gran
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from lightkube import ApiError, Client, KubeConfig
@@ -15,6 +17,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace, Node, Secret
 
+from corral.components.controller_values import APP_VERSION
 from kubeutil import Sandbox, SandboxClaim, bound, claim, idle_ready, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
@@ -100,7 +103,14 @@ def sa_kubeconfig(kube_cluster, tmp_path: Path) -> str:
     token = run(tools()["kubectl"], "create", "token", "corral", "-n", OPERATOR_NS, "--duration", "2h",
                 kubeconfig=kube_cluster.kubeconfig).strip()
     admin = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
-    cfg = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+    clusters = []
+    for c in admin["clusters"]:  # self-contained (CA inlined): it is also mounted into a container
+        cluster = dict(c["cluster"])
+        if "certificate-authority" in cluster:
+            ca = Path(cluster.pop("certificate-authority")).read_bytes()
+            cluster["certificate-authority-data"] = base64.b64encode(ca).decode()
+        clusters.append({"name": c["name"], "cluster": cluster})
+    cfg = {"apiVersion": "v1", "kind": "Config", "clusters": clusters,
            "users": [{"name": "corral-sa", "user": {"token": token}}],
            "contexts": [{"name": "sa", "context": {"cluster": admin["clusters"][0]["name"], "user": "corral-sa"}}],
            "current-context": "sa"}
@@ -153,3 +163,64 @@ def test_operator_under_the_charts_service_account(kube, kube_cluster, operator,
     finally:
         sa_op.stop()
         operator.start()
+
+
+def test_controller_image_runs_the_operator(kube, kube_cluster, operator, chart_installed, docker_client, ns,
+                                            tmp_path):
+    """The image scripts/controller-image.sh builds (PyInstaller bundle, non-root, read-only root) is a working
+    operator: run on the host network against the local apiserver with the chart's ServiceAccount token, it serves
+    its health endpoint and binds a warm claim; and it carries execd for the sandboxes' initContainer."""
+    tag = run(str(REPO / "scripts/controller-image.sh")).strip().splitlines()[-1]
+    image = docker_client.images.get(tag)
+    assert image.attrs["Config"]["User"] == "65532:65532"
+    assert f"corral/controller:{APP_VERSION}" in image.tags
+    cfg = sa_kubeconfig(kube_cluster, tmp_path)
+    (tmp_path / "sa.kubeconfig").chmod(0o644)  # readable by the image's user
+    health, metrics = free_ports(2)
+    operator.stop()
+    container = docker_client.containers.run(
+        tag, ["--standalone", f"--liveness=http://127.0.0.1:{health}/healthz"], detach=True,
+        network_mode="host", read_only=True, tmpfs={"/tmp": "size=64m"}, cap_drop=["ALL"],
+        security_opt=["no-new-privileges"], volumes={cfg: {"bind": "/etc/corral/kubeconfig", "mode": "ro"}},
+        environment={"KUBECONFIG": "/etc/corral/kubeconfig", "CORRAL_METRICS_PORT": str(metrics),
+                     "CORRAL_TOKEN_SECRET": "image-test", "CORRAL_NAMESPACE": OPERATOR_NS},
+        labels={"corral.test": "controller-image"})
+    try:
+        def healthy():
+            container.reload()
+            assert container.status != "exited", container.logs().decode()[-3000:]
+            try:
+                return httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(healthy, 60, 0.5, "the image's operator healthy")
+        logs = lambda: container.logs().decode(errors="replace")  # noqa: E731
+        kube.create(template("img"), namespace=ns)
+        kube.create(warm_pool("wp", "img", 1), namespace=ns)
+        wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 1, 60, 0.25, "a ready warm sandbox", dump=logs)
+        kube.create(claim("c", "wp"), namespace=ns)
+        st = wait_until(lambda: bound(kube, ns, "c"), 60, 0.25, "claim Bound", dump=logs)
+        assert st["launchType"] == "Warm"
+        assert "corral_claim" in httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5).text
+        # what the sandboxes' initContainer does with this image: `execd install <dir>` copies a runnable bundle
+        out = docker_client.containers.run(
+            tag, ["-c", "/opt/corral/execd/execd install /tmp/e && test -x /tmp/e/execd && echo installed"],
+            entrypoint=["/bin/sh"], remove=True, network_mode="none", tmpfs={"/tmp": "size=256m,exec"})
+        assert out.decode().strip().endswith("installed")
+    finally:
+        container.remove(force=True)
+        operator.start()
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
