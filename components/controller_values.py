@@ -17,8 +17,8 @@ from pydantic import Field, ValidationError, model_validator
 from corral.api.common import DNS_LABEL, Model
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "charts" / "corral"
-CHART_VERSION = "0.2.0"
-APP_VERSION = "0.2.0"
+CHART_VERSION = "0.1.0"  # = the corral distribution's version (a unit test keeps them equal)
+APP_VERSION = CHART_VERSION
 IMAGE_REPOSITORY = "corral/controller"
 
 Quantity = str  # a Kubernetes quantity, checked by the API server; the schema only insists on the type

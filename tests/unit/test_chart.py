@@ -182,3 +182,11 @@ def test_chart_pods_carry_the_label_sandbox_policies_admit():
     helpers = (CHART / "templates/_helpers.tpl").read_text()
     (key, value), = OPERATOR_APP_LABEL.items()
     assert f"{key}: {value}" in helpers.split('define "corral.selectorLabels"')[1].split("end")[0]
+
+
+def test_chart_version_is_the_distributions():
+    from corral.components import __version__
+    from corral.components.controller_values import APP_VERSION, CHART_VERSION
+
+    assert CHART_VERSION == APP_VERSION == __version__
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == __version__
