@@ -224,3 +224,31 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def test_plain_helm_install_and_upgrade_keep_the_tokens(kube, kube_cluster, chart_installed):
+    """Teams without Pulumi: `helm install` works against the real apiserver (Deployment rolled out on kwok's
+    nodes), the chart makes its token Secret once and an upgrade keeps the tokens (lookup), uninstall removes it."""
+    helm = tools()["helm"]
+    ns = "corral-helm"
+    args = ["--namespace", ns, "--set", "peering.name=corral-helm", "--wait", "--timeout", "180s"]
+    run(helm, "install", "corral-helm", str(CHART), "--create-namespace", *args, kubeconfig=kube_cluster.kubeconfig)
+    try:
+        from lightkube.resources.apps_v1 import Deployment
+
+        dep = kube.get(Deployment, "corral-helm", namespace=ns)
+        assert dep.status.readyReplicas == 1
+        token = kube.get(Secret, "corral-helm-tokens", namespace=ns).data
+        assert set(token) == {"token-secret", "api-token"} and len(base64.b64decode(token["api-token"])) == 40
+        run(helm, "upgrade", "corral-helm", str(CHART), *args, "--set", "workers=32",
+            kubeconfig=kube_cluster.kubeconfig)
+        assert kube.get(Secret, "corral-helm-tokens", namespace=ns).data == token
+        env = {e.name: e.value for e in kube.get(Deployment, "corral-helm", namespace=ns)
+               .spec.template.spec.containers[0].env}
+        assert env["CORRAL_WORKERS"] == "32"
+    finally:
+        run(helm, "uninstall", "corral-helm", "--namespace", ns, "--wait", kubeconfig=kube_cluster.kubeconfig)
+        kube.delete(Namespace, ns)
+    with pytest.raises(ApiError) as gone:
+        kube.get(Secret, "corral-helm-tokens", namespace=ns)
+    assert gone.value.status.code == 404
