@@ -14,7 +14,7 @@ import kopf
 from lightkube import ApiError
 
 from . import metrics
-from .api import kube_backend as claims_api
+from .api import kube_server as claims_api
 from .cache import Cache, PodInfo, member_of
 from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
 from .context import Context, Settings

@@ -17,7 +17,7 @@ operator must watch that namespace (it watches all by default).
     pause / resume / snapshot -> 400 `not_supported` (see NOT_SUPPORTED below).
     execd    -> the bound sandbox's pod IP, its execd port and the HMAC token the operator derives for it.
 
-The server runs in the operator's event loop (kopf startup/cleanup hooks call `start`/`stop`), when a token is set.
+The HTTP server around it, in the operator's event loop, is kube_server.py.
 """
 
 from __future__ import annotations
@@ -26,16 +26,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import secrets
-import socket
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError
-from pydantic import BaseModel, Field
 
 from ..builders import execd_token
 from ..cache import member_of
@@ -68,27 +64,6 @@ class ClaimFailed(BackendError):
     """The claim's Failed condition, as an error: 400 for a spec/policy problem, 503 otherwise (retry may work)."""
 
     code = "claim_failed"
-
-
-class ApiSettings(BaseModel):
-    """The claims API of the Kubernetes operator, from CORRAL_API_* environment variables."""
-
-    token: str = Field(default="", description="Bearer token (CORRAL_API_TOKEN or the file CORRAL_API_TOKEN_FILE); "
-                                               "empty: the API is off.")
-    host: str = Field(default="0.0.0.0", description="Listen address.")
-    port: int = Field(default=7780, ge=1, le=65535, description="Listen port.")
-    namespace: str = Field(default="default", description="The namespace whose claims the API serves.")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ApiSettings":
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {k: env[v] for k, v in (("host", "CORRAL_API_HOST"), ("port", "CORRAL_API_PORT"),
-                                                          ("namespace", "CORRAL_API_NAMESPACE")) if env.get(v)}
-        if env.get("CORRAL_API_TOKEN_FILE"):
-            values["token"] = Path(env["CORRAL_API_TOKEN_FILE"]).read_text().strip()
-        elif env.get("CORRAL_API_TOKEN"):
-            values["token"] = env["CORRAL_API_TOKEN"].strip()
-        return cls.model_validate(values)
 
 
 def _ts(value: str | None) -> datetime | None:
@@ -303,26 +278,29 @@ class KubeBackend:
         body = await self._claim(name)
         spec, st = body.get("spec") or {}, body.get("status") or {}
         uid = body["metadata"]["uid"]
-        retain = (spec.get("lifecycle") or {}).get("shutdownPolicy") == "Retain"
+        policy = (spec.get("lifecycle") or {}).get("shutdownPolicy", "Delete")
         with self._subscribe(name) as ev:
             try:
-                if retain and st.get("phase") == "Bound":
+                if policy == "Retain" and st.get("phase") == "Bound":
                     # The operator's own shutdown path: detach the sandbox (Retain), finish, delete the claim.
                     await self.ctx.kube.patch("SandboxClaim", name, self.ns, {
                         "metadata": {"uid": uid},
                         "spec": {"lifecycle": {"shutdownTime": _iso(datetime.now(timezone.utc)),
                                                "ttlSecondsAfterFinished": 0}}})
                 else:
-                    await self.ctx.kube.delete("SandboxClaim", name, self.ns, uid=uid)
+                    await self.ctx.kube.delete("SandboxClaim", name, self.ns, uid=uid,
+                                               foreground=policy == "DeleteForeground")
             except ApiError as exc:
                 if status_code(exc) in (404, 409):  # gone, or replaced by a new claim of the same name
                     return
                 raise _api_error(exc, f"deleting claim {name}") from None
             loop = asyncio.get_running_loop()
             deadline = loop.time() + DELETE_GRACE
-            while (current := await self._get("SandboxClaim", name, confirm=False)) is not None \
-                    and current["metadata"].get("uid") == uid and loop.time() < deadline:
+            while loop.time() < deadline:  # until the claim is gone: woken by its watch events
                 ev.clear()
+                current = await self._get("SandboxClaim", name, confirm=False)
+                if current is None or current["metadata"].get("uid") != uid:
+                    return
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(ev.wait(), deadline - loop.time())
 
@@ -389,86 +367,3 @@ class KubeBackend:
                                       .get("name", ""), desired=desired, ready=sum(1 for m in idle if m.ready),
                                       idle=len(idle), allocated=allocated))
         return sorted(out, key=lambda p: (p.name, p.kind))
-
-
-# --- the server, in the operator's event loop ----------------------------------------------------------------------
-
-class _Server:
-    def __init__(self, backend: KubeBackend, settings: ApiSettings) -> None:
-        import uvicorn
-
-        from .app import create_app
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:  # SIGTERM/SIGINT stay kopf's
-                yield
-
-        self.backend, self.settings = backend, settings
-        config = uvicorn.Config(create_app(backend, settings.token), log_level="warning", lifespan="on",
-                                access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5, backlog=2048)
-        self.server = Server(config)
-        self.task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.settings.host, self.settings.port))  # fails here, loudly, if the port is taken
-        except OSError:
-            sock.close()
-            raise
-        sock.set_inheritable(True)
-        self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
-        while not self.server.started:  # uvicorn's own startup: a few loop turns
-            if self.task.done():
-                self.task.result()
-                raise RuntimeError("the claims API server stopped while starting")
-            await asyncio.sleep(0.01)
-
-    async def stop(self) -> None:
-        if self.task is None:
-            return
-        self.server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), 10)
-        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - stopping anyway
-            self.task.cancel()
-            with contextlib.suppress(BaseException):
-                await self.task
-
-
-SERVER: dict[str, _Server] = {}
-
-
-async def start(context: Any, indices: Mapping[str, Any]) -> None:
-    """kopf startup: serve the claims API if a token is configured (CORRAL_API_TOKEN / CORRAL_API_TOKEN_FILE)."""
-    settings = ApiSettings.from_env()
-    if not settings.token:
-        log.info("claims API off (set CORRAL_API_TOKEN or CORRAL_API_TOKEN_FILE to serve it)")
-        return
-    idx = {k: v for k, v in indices.items() if k.endswith("_idx")}
-    backend = KubeBackend(context, settings.namespace, idx, lambda: context.cache.ready)
-    server = _Server(backend, settings)
-    try:
-        await server.start()
-    except OSError as exc:  # a taken port or a bad address: fatal, not retried
-        import kopf
-
-        raise kopf.PermanentError(f"the claims API cannot listen on {settings.host}:{settings.port}: {exc}") from exc
-    SERVER["api"] = server
-    log.info("claims API on %s:%d for namespace %s", settings.host, settings.port, settings.namespace)
-
-
-async def stop() -> None:
-    server = SERVER.pop("api", None)
-    if server is not None:
-        await server.stop()
-
-
-def claim_event(namespace: str, name: str) -> None:
-    """A SandboxClaim watch event (after kopf updated its indices): wake whoever waits on that claim."""
-    server = SERVER.get("api")
-    if server is not None:
-        server.backend.claim_event(namespace, name)

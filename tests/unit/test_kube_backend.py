@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from corral.operator.api.kube_backend import ApiSettings, KubeBackend, NotSupported
+from corral.operator.api.kube_backend import KubeBackend, NotSupported
+from corral.operator.api.kube_server import ApiSettings
 from corral.operator.api.models import ClaimRequest
 
 
