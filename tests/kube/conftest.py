@@ -37,6 +37,7 @@ class OperatorProcess:
         self.port = free_port()
         self.health_port = free_port()
         self.api_port = free_port()
+        self.api_token = API_TOKEN
         self.api_namespace = f"api-{uuid.uuid4().hex[:8]}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0

@@ -17,7 +17,6 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
-from conftest import API_TOKEN
 from kubeutil import Sandbox, SandboxClaim, idle_ready, pool, status, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
@@ -33,7 +32,7 @@ def api_ns(kube, operator):
 
 @pytest.fixture
 def http(operator, api_ns):
-    with httpx.Client(base_url=operator.api_url, headers={"Authorization": f"Bearer {API_TOKEN}"},
+    with httpx.Client(base_url=operator.api_url, headers={"Authorization": f"Bearer {operator.api_token}"},
                       timeout=90) as client:
         yield client
 
@@ -96,7 +95,7 @@ def test_warm_claim_runs_commands_and_a_pty_through_the_proxy(kube, operator, ap
     pty = http.post(f"/v1/claims/warm-{uid}/execd/v1/pty", json={"command": "sh", "cols": 80, "rows": 24})
     assert pty.status_code in (200, 201), pty.text
     ws_url = f"ws://127.0.0.1:{operator.api_port}/v1/claims/warm-{uid}/execd/v1/pty/{pty.json()['id']}/ws"
-    assert b"hi-42" in asyncio.run(pty_round_trip(ws_url))
+    assert b"hi-42" in asyncio.run(pty_round_trip(ws_url, operator.api_token))
 
     # DELETE (policy Delete): the claim is gone at once and its warm sandbox is deleted; the pool refills.
     assert http.delete(f"/v1/claims/warm-{uid}").status_code == 204
@@ -106,7 +105,7 @@ def test_warm_claim_runs_commands_and_a_pty_through_the_proxy(kube, operator, ap
     is_error(http.get(f"/v1/claims/warm-{uid}/execd/v1/health"), 404, "not_found")
 
 
-async def pty_round_trip(ws_url: str) -> bytes:
+async def pty_round_trip(ws_url: str, token: str) -> bytes:
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidStatus
 
@@ -115,7 +114,7 @@ async def pty_round_trip(ws_url: str) -> bytes:
         raise AssertionError("a WebSocket with a wrong token was accepted")
     except InvalidStatus as exc:
         assert exc.response.status_code == 401
-    async with connect(ws_url, additional_headers={"Authorization": f"Bearer {API_TOKEN}"}, open_timeout=30) as ws:
+    async with connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=30) as ws:
         await ws.send(b"\x00echo hi-$((40+2))\n")
         seen = b""
         deadline = time.monotonic() + 30
@@ -189,7 +188,7 @@ def test_user_errors_are_4xx_in_the_one_error_shape(kube, operator, api_ns, http
 
 
 def test_the_token_is_required(operator, api_ns):
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_TOKEN}):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": operator.api_token}):
         for method, path in (("GET", "/v1/claims"), ("POST", "/v1/claims"), ("GET", "/v1/pools"),
                              ("GET", "/v1/claims/x/execd/v1/health")):
             r = httpx.request(method, operator.api_url + path, headers=headers, json={"pool": "x"}, timeout=30)
@@ -279,7 +278,7 @@ def test_the_sdk_works_against_the_kubernetes_operator(kube, operator, api_ns, u
     kube.create(warm_pool(f"wp-{uid}", f"py-{uid}", 1), namespace=api_ns)
     (sandbox,) = wait_ready_pool(kube, api_ns, f"wp-{uid}", 1)
     pod_execd(sandbox)
-    with Client(url=operator.api_url, token=API_TOKEN) as client:
+    with Client(url=operator.api_url, token=operator.api_token) as client:
         assert any(p.name == f"wp-{uid}" and p.kind == "WarmPool" for p in client.pools())
         with client.claim(f"wp-{uid}", ttl=300) as sbx:
             assert sbx.claim.launch_type == "warm" and sbx.claim.sandbox.name == sandbox.metadata.name
