@@ -12,11 +12,12 @@ from typing import Any
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from .endpoints import Router
 from .errors import ExecdError, error_response
 from .middleware import TOKEN_HEADER
+from .wsrelay import relay
 
 router = Router("proxy")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
@@ -94,7 +95,6 @@ for _path in ("/v1/proxy/{port:int}", "/v1/proxy/{port:int}/{path:path}"):
 )
 async def proxy_socket(ws: WebSocket) -> None:
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
 
     port, path = ws.path_params["port"], ws.path_params.get("path", "")
     protocols = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
@@ -108,32 +108,4 @@ async def proxy_socket(ws: WebSocket) -> None:
         return
     get_state_metrics(ws).inc("execd_proxy_requests_total", kind="websocket")
     await ws.accept(subprotocol=upstream.subprotocol)
-
-    async def client_to_upstream() -> None:
-        try:
-            while True:
-                msg = await ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    return
-                await upstream.send(msg["bytes"] if msg.get("bytes") is not None else msg.get("text") or "")
-        except (WebSocketDisconnect, ConnectionClosed):
-            return
-
-    async def upstream_to_client() -> None:
-        try:
-            async for data in upstream:
-                await (ws.send_bytes(data) if isinstance(data, bytes) else ws.send_text(data))
-        except (WebSocketDisconnect, ConnectionClosed, RuntimeError):
-            return
-
-    tasks = [asyncio.ensure_future(client_to_upstream()), asyncio.ensure_future(upstream_to_client())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await upstream.close()
-        try:
-            await ws.close()
-        except RuntimeError:
-            pass
+    await relay(ws, upstream)

@@ -29,9 +29,11 @@ trap 'rm -rf "$work"' EXIT
 # Stage corral.* as plain packages: PyInstaller's analysis does not follow the editable-install finder. Inside the
 # staged `corral` package, operator/ may have an __init__.py (it cannot shadow the standard library there).
 src="$work/src/corral"
-mkdir -p "$src/operator/docker" "$src/operator/api" "$src/api"
+mkdir -p "$src/operator/docker" "$src/operator/api" "$src/api" "$src/execd"
 : >"$src/__init__.py"
 : >"$src/operator/__init__.py"
+: >"$src/execd/__init__.py"
+cp "$REPO_DIR"/execd/wsrelay.py "$src/execd/"   # the claims API's WebSocket relay (the rest of execd is its bundle)
 cp "$REPO_DIR"/operator/planning.py "$REPO_DIR"/operator/constants.py "$src/operator/"
 cp "$REPO_DIR"/operator/docker/*.py "$src/operator/docker/"
 cp "$REPO_DIR"/operator/api/*.py "$src/operator/api/"
@@ -51,7 +53,7 @@ t0=$SECONDS
   --collect-submodules uvicorn --collect-submodules corral --hidden-import uvloop --hidden-import httptools \
   --exclude-module tkinter --exclude-module matplotlib --exclude-module numpy --exclude-module pytest \
   --exclude-module PIL --exclude-module IPython --exclude-module pulumi --exclude-module kopf \
-  --exclude-module corral.execd --exclude-module corral.operator.docker.image \
+  --exclude-module corral.operator.docker.image \
   entry.py) >&2 || die "PyInstaller failed"
 
 mkdir -p "$work/ctx"

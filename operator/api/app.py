@@ -28,6 +28,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from corral.execd.wsrelay import relay
+
 from .backend import BackendError, ClaimsBackend
 from .models import Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, Snapshot, SnapshotRequest
 
@@ -156,8 +158,6 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
     @app.websocket("/v1/claims/{name}/execd/{path:path}")
     async def proxy_socket(ws: WebSocket, name: str, path: str) -> None:
         from websockets.asyncio.client import connect
-        from websockets.exceptions import ConnectionClosed
-        from starlette.websockets import WebSocketDisconnect
 
         async def deny(status: int, code: str, message: str) -> None:
             if "websocket.http.response" in ws.scope.get("extensions", {}):
@@ -180,34 +180,6 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
             status = getattr(getattr(exc, "response", None), "status_code", 502)
             return await deny(status if 400 <= status < 600 else 502, "sandbox_websocket", str(exc))
         await ws.accept(subprotocol=upstream.subprotocol)
-
-        async def client_to_upstream() -> None:
-            try:
-                while True:
-                    msg = await ws.receive()
-                    if msg["type"] == "websocket.disconnect":
-                        return
-                    await upstream.send(msg["bytes"] if msg.get("bytes") is not None else msg.get("text") or "")
-            except (WebSocketDisconnect, ConnectionClosed):
-                return
-
-        async def upstream_to_client() -> None:
-            try:
-                async for data in upstream:
-                    await (ws.send_bytes(data) if isinstance(data, bytes) else ws.send_text(data))
-            except (WebSocketDisconnect, ConnectionClosed, RuntimeError):
-                return
-
-        tasks = [asyncio.ensure_future(client_to_upstream()), asyncio.ensure_future(upstream_to_client())]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await upstream.close()
-            try:
-                await ws.close()
-            except (RuntimeError, WebSocketDisconnect):  # the client closed first
-                pass
+        await relay(ws, upstream)
 
     return app

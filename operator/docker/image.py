@@ -27,7 +27,8 @@ BUILD_TIMEOUT = 1800
 
 def sources() -> list[Path]:
     return sorted([*OPERATOR_DIR.glob("docker/*.py"), *OPERATOR_DIR.glob("api/*.py"),
-                   OPERATOR_DIR / "planning.py", OPERATOR_DIR / "constants.py", *(REPO / "api").glob("*.py"), SCRIPT])
+                   OPERATOR_DIR / "planning.py", OPERATOR_DIR / "constants.py", *(REPO / "api").glob("*.py"),
+                   REPO / "execd" / "wsrelay.py", SCRIPT])
 
 
 def cache_key() -> str:
