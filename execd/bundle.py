@@ -31,17 +31,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CORRAL_CACHE") or Path.home() / ".cache" / "corral") / "execd"
 
 
-def cache_key() -> str:
+def build_key(sources: list[Path], distributions: tuple[str, ...], *extra: str) -> str:
+    """A PyInstaller build's cache key: its sources (path relative to the repo + content), the Python version, the
+    versions of the bundled distributions and any `extra` keys (e.g. a bundle it contains). Used for execd's bundle
+    and the operator image."""
     h = hashlib.sha256()
-    for path in sorted(SOURCE_DIR.glob("*.py")) + [SCRIPT]:
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(sys.version.encode())
-    for dist in BUNDLED:
+    for path in sources:
+        h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for item in (sys.version, *extra):
+        h.update(item.encode() + b"\0")
+    for dist in distributions:
         try:
             h.update(f"{dist}=={metadata.version(dist)}".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{dist}==missing".encode())
     return h.hexdigest()[:16]
+
+
+def cache_key() -> str:
+    return build_key(sorted(SOURCE_DIR.glob("*.py")) + [SCRIPT], BUNDLED)
 
 
 def bundle_tar(key: str | None = None) -> Path:

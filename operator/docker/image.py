@@ -10,10 +10,8 @@ of Python and of the bundled packages, so any change gives a new tag and a rebui
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 OPERATOR_DIR = Path(__file__).resolve().parents[1]
@@ -34,17 +32,7 @@ def sources() -> list[Path]:
 def cache_key() -> str:
     from corral.execd import bundle
 
-    h = hashlib.sha256()
-    for path in sources():
-        h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(bundle.cache_key().encode())
-    h.update(sys.version.encode())
-    for dist in BUNDLED:
-        try:
-            h.update(f"{dist}=={metadata.version(dist)}".encode())
-        except metadata.PackageNotFoundError:
-            h.update(f"{dist}==missing".encode())
-    return h.hexdigest()[:16]
+    return bundle.build_key(sources(), BUNDLED, bundle.cache_key())
 
 
 def tag(key: str | None = None) -> str:
