@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import kopf
+
 from .constants import A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE
 from .planning import Member
 
@@ -155,3 +157,14 @@ class Cache:
     def count(self, index: str) -> int:
         idx = self._idx.get(index) or {}
         return sum(len(idx[k]) for k in list(idx))
+
+
+class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff base for an operator with only event handlers and indices (no on.create/update/field handlers).
+
+    kopf builds an object's "essence" on every watch event (a deep copy of the whole body, status included) to diff
+    it for change handlers. Corral has none, so the essence is empty: measured ~5% of the operator's CPU in a claim
+    burst. Nothing is ever stored on the objects either way."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}

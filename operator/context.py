@@ -28,6 +28,15 @@ class Settings(BaseModel):
     max_batch: int = Field(default=32, ge=1, le=500, description="Largest create/delete batch (slow start cap).")
     metrics_port: int = Field(default=9090, ge=0, le=65535, description="Prometheus port (0: off).")
     kubeconfig: str | None = Field(default=None, description="kubeconfig path (default: in-cluster or ~/.kube/config).")
+    claim_quiet: float = Field(default=0.15, ge=0, le=10, description=(
+        "Seconds without a claim decision on a WarmPool before its refill and its cosmetic status writes run: "
+        "a stream of claims gets the API server first."))
+    max_refill_defer: float = Field(default=30.0, ge=0, le=600, description="Longest a refill waits for a claim stream.")
+    sandbox_settle: float = Field(default=0.3, ge=0, le=10, description=(
+        "Seconds a sandbox whose pod is still starting waits before writing an intermediate (not Ready) status: a pod "
+        "that gets Ready meanwhile costs one status write instead of one per pod phase. Ready is written at once."))
+    status_interval: float = Field(default=0.5, ge=0, le=30, description=(
+        "Least seconds between two status writes of one WarmPool/Pool (the last state is always written)."))
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -36,6 +45,8 @@ class Settings(BaseModel):
             "namespace": "CORRAL_NAMESPACE", "execd_image": "CORRAL_EXECD_IMAGE",
             "token_secret": "CORRAL_TOKEN_SECRET", "workers": "CORRAL_WORKERS", "max_batch": "CORRAL_MAX_BATCH",
             "metrics_port": "CORRAL_METRICS_PORT", "kubeconfig": "KUBECONFIG",
+            "claim_quiet": "CORRAL_CLAIM_QUIET", "max_refill_defer": "CORRAL_MAX_REFILL_DEFER",
+            "status_interval": "CORRAL_STATUS_INTERVAL", "sandbox_settle": "CORRAL_SANDBOX_SETTLE",
         }
         return cls.model_validate({k: env[v] for k, v in mapping.items() if env.get(v)})
 
@@ -76,6 +87,14 @@ class Context:
     phase_written: dict[tuple[str, str], str] = field(default_factory=dict)
     # claim key -> when the operator first saw it pending (claim latency starts here)
     first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (kind, ns, pool) -> wall time of the last claim decision on that pool (see `claims_streaming`)
+    claim_activity: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    # (kind, ns, pool) -> when its refill first waited for the current claim stream
+    refill_deferred: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    # (ns, sandbox) -> when its pending intermediate status was first held back (see Settings.sandbox_settle)
+    settling: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (kind, ns, pool) -> wall time of its last status write
+    status_written: dict[tuple[str, str, str], float] = field(default_factory=dict)
     _http: httpx.AsyncClient | None = None
     # one lock per Pool: its capacity check and creates (refill or a claim's cold start) never interleave
     _pool_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -91,6 +110,43 @@ class Context:
 
     def __post_init__(self) -> None:
         self.token_key = (self.settings.token_secret or secrets.token_hex(32)).encode()
+
+    def claim_decided(self, kind: str, ns: str, pool: str) -> None:
+        """A claim on this pool is being decided (warm adoption or cold start)."""
+        self.claim_activity[(kind, ns, pool)] = time.time()
+
+    def claims_streaming(self, kind: str, ns: str, pool: str, now: float) -> float | None:
+        """If claims on this pool were decided within the last `claim_quiet` seconds: when that quiet period ends.
+
+        Work that only restores capacity or reports it (a refill, a status echo) waits for the quiet moment after a
+        stream of claims, so on a small machine the claims get the API server (and the operator's CPU) first. One
+        claim after another at 20-50 ms intervals is such a stream; at 0.5 s intervals it is not."""
+        last = self.claim_activity.get((kind, ns, pool))
+        if last is None or now - last >= self.settings.claim_quiet:
+            return None
+        return last + self.settings.claim_quiet
+
+    def refill_wait(self, kind: str, ns: str, pool: str, now: float, ready_idle: int, low_water: int) -> float | None:
+        """When to refill instead of now (None: now). A refill never waits once the ready idle sandboxes fall below
+        `low_water`, nor longer than `max_refill_defer` in all."""
+        key = (kind, ns, pool)
+        until = self.claims_streaming(kind, ns, pool, now)
+        if until is None or ready_idle < low_water:
+            self.refill_deferred.pop(key, None)
+            return None
+        since = self.refill_deferred.setdefault(key, now)
+        if now - since >= self.settings.max_refill_defer:
+            self.refill_deferred.pop(key, None)
+            return None
+        return min(until, since + self.settings.max_refill_defer)
+
+    def status_wait(self, kind: str, ns: str, pool: str, now: float) -> float | None:
+        """When a pool's routine status write may go (None: now): not during a claim stream on it, and not sooner than
+        `status_interval` after the previous one."""
+        key = (kind, ns, pool)
+        until = max(self.claims_streaming(kind, ns, pool, now) or 0.0,
+                    self.status_written.get(key, 0.0) + self.settings.status_interval)
+        return until if until > now else None
 
     def request(self, kind: str, namespace: str, name: str) -> None:
         if self.queue is not None:

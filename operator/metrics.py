@@ -14,3 +14,5 @@ RECONCILES = Counter("corral_reconciles_total", "Reconciles run, by kind and res
 API_REQUESTS = Counter("corral_api_requests_total", "Kubernetes API requests by verb and resource.",
                        ["verb", "resource"])
 EVENTS = Counter("corral_watch_events_total", "Watch events handled, by kind.", ["kind"])
+API_LATENCY = Histogram("corral_api_request_seconds", "Kubernetes API request latency by verb (reconcilers' calls).",
+                        ["verb"], buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))

@@ -121,6 +121,7 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
     deadline = _ts(meta.get("creationTimestamp")) + spec.timeout_seconds
     kind, pool_name = spec.pool_ref.kind, spec.pool_ref.name
 
+    ctx.claim_decided(kind, ns, pool_name)  # the pool's refill waits for the quiet moment after a claim stream
     pool = ctx.cache.pool_of_kind(ns, kind, pool_name)
     template = ctx.cache.template(ns, pool["spec"]["templateRef"]["name"]) if pool else None
     if pool is None or template is None:

@@ -10,14 +10,15 @@ from lightkube import ApiError
 
 from ..builders import execd_token, pod_manifest, pvc_manifests, service_manifest
 from ..cache import PodInfo, _ts
-from ..constants import A_LAUNCH, L_CLAIM, L_HASH
+from ..constants import A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND
 from ..context import Context
 from ..kube import ignore, status_code
-from .conditions import differs, set_condition
+from .conditions import condition, differs, set_condition
 
 log = logging.getLogger("corral.operator.sandbox")
 
 POD_CREATE_GRACE = 30.0  # seconds we trust our own pod create before trying again
+ECHO = ("claimRef", "launchType")  # status fields that only repeat the sandbox's own labels/annotations
 
 
 def desired_status(body: dict[str, Any], pod: PodInfo | None, suspended: bool) -> dict[str, Any]:
@@ -55,6 +56,7 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
     key = (ns, name)
     if body is None:
         ctx.pod_creates.pop(key, None)
+        ctx.settling.pop(key, None)
         return
     meta, spec = body["metadata"], body["spec"]
     ctx.cancel_at("Sandbox", ns, name)  # each pass re-arms only the deadlines still ahead
@@ -94,7 +96,25 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
         await ignore({404, 409}, ctx.kube.delete("Pod", name, ns, uid=pod.uid))
 
     desired = desired_status(body, pod, suspended)
-    if differs(body.get("status"), desired):
+    status = body.get("status") or {}
+    if differs(status, desired):
+        labels = meta.get("labels") or {}
+        if labels.get(L_POOL) and not differs(status, {**desired, **{k: status.get(k) for k in ECHO}}):
+            # Only the echo of an adoption (claimRef, launchType) changed: it waits for the quiet moment after a
+            # stream of claims on the pool (the claim already has everything it needs from the sandbox).
+            wait = ctx.claims_streaming(labels.get(L_POOL_KIND, "WarmPool"), ns, labels[L_POOL], now)
+            if wait is not None:
+                ctx.request_at("Sandbox", ns, name, wait)
+                return
+        ready = lambda s: (condition(s.get("conditions"), "Ready") or {}).get("status") == "True"  # noqa: E731
+        if not suspended and not ready(status) and not ready(desired) and ctx.settings.sandbox_settle:
+            # A starting pod: its intermediate phases (created, scheduled, running) wait a moment, so a pod that
+            # gets Ready meanwhile costs one status write, not one per phase.
+            first = ctx.settling.setdefault(key, now)
+            if now - first < ctx.settings.sandbox_settle:
+                ctx.request_at("Sandbox", ns, name, first + ctx.settings.sandbox_settle)
+                return
+        ctx.settling.pop(key, None)
         await ctx.kube.patch("Sandbox", name, ns, {"status": desired}, status=True)
 
 
