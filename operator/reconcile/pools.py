@@ -249,10 +249,14 @@ async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
     }
     _gauges(ns, name, cap.buffer_min, desired["available"], len(kept_idle), allocated)
     await _write_status(ctx, "Pool", body, status, desired, time.time())
-    # Claims waiting for capacity (PoolExhausted) try again whenever the pool changes.
-    for c in ctx.cache.claims_for(ns, "Pool", name):
-        if (c.get("status") or {}).get("phase") == "Pending":
-            ctx.request("SandboxClaim", ns, c["metadata"]["name"])
+    # Claims waiting for capacity (PoolExhausted) try again when the pool can serve one: a ready idle sandbox, or room
+    # under poolMax for a cold start. Not otherwise: a waiting claim requests its pool, and the two would re-queue
+    # each other forever without any I/O, starving the event loop (the release of a sandbox brings this back here).
+    room = allocated + len(kept_idle) + terminating + expected + plan.create < cap.pool_max
+    if room or any(m.ready for m in kept_idle):
+        for c in ctx.cache.claims_for(ns, "Pool", name):
+            if (c.get("status") or {}).get("phase") == "Pending":
+                ctx.request("SandboxClaim", ns, c["metadata"]["name"])
     if error is not None and status_code(error) not in (403, 422):
         raise error
 
