@@ -108,3 +108,6 @@ class WorkQueue:
                     self.add(key)
                 if not self._queued and not self._running:
                     self._idle.set()
+            # A reconcile that did no I/O never yielded: yield now, so that a loop of keys requesting each other can
+            # never starve the event loop (watch streams, probes, the claims API, signals).
+            await asyncio.sleep(0)
