@@ -106,4 +106,6 @@ def error_from(status: int, body: bytes, *, method: str = "", path: str = "") ->
     cls = BY_STATUS.get(status) or (ServerError if status >= 500 else CorralError)
     if cls is Conflict and (code == "not_ready" or (code == "conflict" and _NOT_READY.search(message))):
         cls = NotReady
+    elif code == "claim_failed":  # the operator gave the claim a Failed condition (any status): say so by type
+        cls = ClaimFailed
     return cls(message, code=code, status=status, method=method, path=path)

@@ -38,6 +38,9 @@ def test_errors_carry_the_servers_code_and_message():
     assert isinstance(error_from(400, b'{"code":"invalid","message":"m"}'), InvalidRequest)
     assert isinstance(error_from(503, b'{"code":"unavailable","message":"m"}'), Unavailable)
     assert isinstance(error_from(502, b'{"code":"sandbox_unreachable","message":"m"}'), Unavailable)
+    failed = error_from(400, b'{"code":"claim_failed","message":"env GREETING is not allowed by template py"}')
+    assert isinstance(failed, ClaimFailed) and failed.status == 400 and "GREETING" in failed.message
+    assert isinstance(error_from(503, b'{"code":"claim_failed","message":"m"}'), ClaimFailed)
     assert type(error_from(500, b"boom")) is ServerError and error_from(500, b"boom").message == "boom"
     # A 409 of the claims API about the claim's phase is NotReady (still a Conflict); execd's 409s are not.
     nr = error_from(409, b'{"code":"conflict","message":"claim w is Paused, not Ready"}')
