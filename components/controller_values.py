@@ -74,6 +74,9 @@ class Metrics(Model):
 class Api(Model):
     enabled: bool = Field(default=True, description="Serve the claims HTTP API (SDK, CLI).")
     port: int = Field(default=7780, ge=1024, le=65535, description="Claims API port.")
+    namespace: str = Field(
+        default="", description="The namespace whose claims the API serves, where its pools live (CORRAL_API_NAMESPACE;"
+                                " default: the first of sandboxNamespaces, else `default`).")
 
 
 class Secrets(Model):

@@ -96,6 +96,9 @@ def test_default_chart_is_accepted_by_the_server_dry_run(kube_cluster, chart_ins
         "drop": ["ALL"]}
     assert c["resources"]["limits"]["memory"] == "768Mi"
     assert "--peering=corral" in c["args"] and "--all-namespaces" in c["args"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["CORRAL_API_NAMESPACE"] == "corral-rbac-sbx"  # the claims API serves the sandbox namespace
+    assert env["CORRAL_EXECD_IMAGE"] == c["image"]  # the operator image carries execd for the initContainer
 
 
 def sa_kubeconfig(kube_cluster, tmp_path: Path) -> str:
