@@ -18,11 +18,21 @@ from .kube import Kube
 from .workqueue import WorkQueue
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("corral")
+    except PackageNotFoundError:
+        return "latest"
+
+
 class Settings(BaseModel):
     """Operator settings, from CORRAL_* environment variables."""
 
     namespace: str = Field(default="corral-system", description="The operator's own namespace (NetworkPolicy ingress).")
-    execd_image: str = Field(default="corral/execd:latest", description="Image carrying the execd bundle.")
+    execd_image: str = Field(default_factory=lambda: f"corral/controller:{_version()}",
+                             description="Image carrying the execd bundle (the operator image carries it).")
     token_secret: str = Field(default="", description="Key for per-sandbox execd tokens (HMAC); random if unset.")
     workers: int = Field(default=64, ge=1, le=1024, description="Concurrent reconciles.")
     max_batch: int = Field(default=32, ge=1, le=500, description="Largest create/delete batch (slow start cap).")
