@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "execd"))
-from conftest import free_port, start_daemon  # noqa: E402
+from corral.execd.local import free_port  # noqa: E402
+from corral.execd.local import start as start_daemon  # noqa: E402
 
 MB = 1 << 20
 TOKEN = "bench-" + os.urandom(8).hex()

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from corral.execd.local import free_port, start
+
 TOKEN = "test-token-" + os.urandom(8).hex()
 START_TIMEOUT = 60.0  # the machine is shared with long builds: generous, but bounded
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -43,22 +36,7 @@ class Daemon:
 
 
 def start_daemon(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.execd"], env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"execd exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1.0).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"execd did not answer within {START_TIMEOUT}s: {log.read_text()[-2000:]}")
+    return start(env, port, log, timeout=START_TIMEOUT)
 
 
 @pytest.fixture(scope="session")
