@@ -125,16 +125,17 @@ class Context:
         """A claim on this pool is being decided (warm adoption or cold start)."""
         self.claim_activity[(kind, ns, pool)] = time.time()
 
-    def claims_streaming(self, kind: str, ns: str, pool: str, now: float) -> float | None:
+    def claims_streaming(self, kind: str, ns: str, pool: str, now: float, quiet: float | None = None) -> float | None:
         """If claims on this pool were decided within the last `claim_quiet` seconds: when that quiet period ends.
 
         Work that only restores capacity or reports it (a refill, a status echo) waits for the quiet moment after a
         stream of claims, so on a small machine the claims get the API server (and the operator's CPU) first. One
         claim after another at 20-50 ms intervals is such a stream; at 0.5 s intervals it is not."""
+        quiet = self.settings.claim_quiet if quiet is None else quiet
         last = self.claim_activity.get((kind, ns, pool))
-        if last is None or now - last >= self.settings.claim_quiet:
+        if last is None or now - last >= quiet:
             return None
-        return last + self.settings.claim_quiet
+        return last + quiet
 
     def refill_wait(self, kind: str, ns: str, pool: str, now: float, ready_idle: int, low_water: int) -> float | None:
         """When to refill instead of now (None: now). A refill never waits once the ready idle sandboxes fall below

@@ -72,7 +72,10 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     for noisy in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # no line per API request
     settings.watching.server_timeout = 600
-    settings.batching.worker_limit = 256
+    # No cap on kopf's per-object workers (our reconciles are bounded by the WorkQueue): with a cap, an operator
+    # starting with more objects of one kind than the cap deadlocked (the first workers wait for every index to be
+    # filled, the rest of the initial listing waits for a free worker).
+    settings.queueing.worker_limit = None
     context = Context(settings=config, kube=Kube.from_env(config.kubeconfig), cache=Cache())
     context.queue = WorkQueue(dispatch, workers=config.workers, priority=lambda key: PRIORITY.get(key[0], 9))
     context.queue.start()

@@ -100,9 +100,10 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
     if differs(status, desired):
         labels = meta.get("labels") or {}
         if labels.get(L_POOL) and not differs(status, {**desired, **{k: status.get(k) for k in ECHO}}):
-            # Only the echo of an adoption (claimRef, launchType) changed: it waits for the quiet moment after a
+            # Only the echo of an adoption (claimRef, launchType) changed: it waits for a quiet second after a
             # stream of claims on the pool (the claim already has everything it needs from the sandbox).
-            wait = ctx.claims_streaming(labels.get(L_POOL_KIND, "WarmPool"), ns, labels[L_POOL], now)
+            wait = ctx.claims_streaming(labels.get(L_POOL_KIND, "WarmPool"), ns, labels[L_POOL], now,
+                                        quiet=max(1.0, ctx.settings.claim_quiet))
             if wait is not None:
                 ctx.request_at("Sandbox", ns, name, wait)
                 return

@@ -111,10 +111,13 @@ def test_recycle_strategies(kube, operator, ns, strategy):
     back = wait_until(lambda: (s := sandbox()) and "corral.dev/claim" not in (s.metadata.labels or {}) and ready(s)
                       and s, 30, what="sandbox back in the pool")
     assert not back.metadata.deletionTimestamp
-    new_uid = wait_until(lambda: (p := _pod(kube, ns, name)) and p.metadata.uid, 30)
     if strategy == "Restart":
-        assert new_uid != pod_uid, "Restart gives the sandbox a fresh pod"
+        # Released, the sandbox can still look Ready on its old pod for a moment (the pod's deletion not yet seen).
+        wait_until(lambda: (p := _pod(kube, ns, name)) and p.metadata.uid != pod_uid, 30,
+                   what="Restart gives the sandbox a fresh pod")
+        wait_until(lambda: (s := sandbox()) and ready(s), 30, what="ready again on the fresh pod")
     else:
+        new_uid = wait_until(lambda: (p := _pod(kube, ns, name)) and p.metadata.uid, 30)
         assert new_uid == pod_uid, "Noop keeps the pod as it is"
     time.sleep(1)
     assert len(idle(kube, ns, "p")) == 2, "the returned sandbox and the refill stay (bufferMax 2)"

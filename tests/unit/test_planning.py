@@ -90,3 +90,47 @@ def test_adoption_prefers_stale_then_spreads_over_nodes():
 def test_deletion_order_total():
     ms = [m("r-new", created=5), m("nr", ready=False), m("stale", h="old", created=9)]
     assert [x.name for x in deletion_order(ms, "new")] == ["nr", "stale", "r-new"]
+
+
+# ---- when refills and routine status writes wait for a claim stream (corral.operator.context) -------------------
+
+def _ctx(**settings):
+    from corral.operator.cache import Cache
+    from corral.operator.context import Context, Settings
+
+    return Context(settings=Settings(**settings), kube=None, cache=Cache())  # type: ignore[arg-type]
+
+
+def test_refill_waits_for_the_quiet_moment_after_a_claim_stream():
+    ctx = _ctx(claim_quiet=0.15, max_refill_defer=30)
+    assert ctx.refill_wait("WarmPool", "ns", "wp", now=100.0, ready_idle=200, low_water=30) is None  # no claims
+    ctx.claim_activity[("WarmPool", "ns", "wp")] = 100.0
+    assert ctx.refill_wait("WarmPool", "ns", "wp", now=100.05, ready_idle=200, low_water=30) == pytest.approx(100.15)
+    assert ctx.refill_wait("WarmPool", "ns", "other", now=100.05, ready_idle=200, low_water=30) is None
+    assert ctx.refill_wait("WarmPool", "ns", "wp", now=100.15, ready_idle=200, low_water=30) is None  # quiet now
+
+
+def test_refill_does_not_wait_when_the_pool_runs_low_or_for_too_long():
+    ctx = _ctx(claim_quiet=0.15, max_refill_defer=1.0)
+    key = ("WarmPool", "ns", "wp")
+    ctx.claim_activity[key] = 100.0
+    assert ctx.refill_wait(*key, now=100.01, ready_idle=29, low_water=30) is None  # under the low-water mark
+    assert ctx.refill_wait(*key, now=100.0, ready_idle=200, low_water=30) is not None
+    for i in range(1, 10):  # a stream that never pauses
+        t = 100.0 + i * 0.1
+        ctx.claim_activity[key] = t
+        wait = ctx.refill_wait(*key, now=t, ready_idle=200, low_water=30)
+        assert wait is not None and wait <= 101.0 + 1e-9  # never promised later than max_refill_defer
+    ctx.claim_activity[key] = 101.05
+    assert ctx.refill_wait(*key, now=101.05, ready_idle=200, low_water=30) is None
+
+
+def test_routine_pool_status_writes_are_spaced_and_wait_for_a_claim_stream():
+    ctx = _ctx(claim_quiet=0.15, status_interval=0.5)
+    key = ("WarmPool", "ns", "wp")
+    assert ctx.status_wait(*key, now=10.0) is None
+    ctx.status_written[key] = 10.0
+    assert ctx.status_wait(*key, now=10.2) == pytest.approx(10.5)
+    assert ctx.status_wait(*key, now=10.5) is None
+    ctx.claim_activity[key] = 10.6
+    assert ctx.status_wait(*key, now=10.65) == pytest.approx(10.75)
