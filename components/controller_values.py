@@ -58,6 +58,9 @@ class Peering(Model):
     enabled: bool = Field(default=True, description="kopf peering: of several replicas, only the highest-priority "
                                                     "one acts; the others stand by (leader election).")
     name: str = Field(default="corral", pattern=DNS_LABEL, max_length=63, description="Name of the peering object.")
+    lifetime: int = Field(default=60, ge=5, le=3600, description=(
+        "Seconds a replica's keepalive is valid: a standby takes over at most this long after the active replica "
+        "died without saying goodbye (each replica writes a keepalive about once per lifetime)."))
 
 
 class ServiceMonitor(Model):

@@ -47,6 +47,9 @@ class Settings(BaseModel):
         "that gets Ready meanwhile costs one status write instead of one per pod phase. Ready is written at once."))
     status_interval: float = Field(default=0.5, ge=0, le=30, description=(
         "Least seconds between two status writes of one WarmPool/Pool (the last state is always written)."))
+    peering_lifetime: int = Field(default=60, ge=5, le=3600, description=(
+        "kopf peering: seconds a replica's keepalive is valid; a standby takes over at most this long after the "
+        "active replica died without saying goodbye."))
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -57,6 +60,7 @@ class Settings(BaseModel):
             "metrics_port": "CORRAL_METRICS_PORT", "kubeconfig": "KUBECONFIG",
             "claim_quiet": "CORRAL_CLAIM_QUIET", "max_refill_defer": "CORRAL_MAX_REFILL_DEFER",
             "status_interval": "CORRAL_STATUS_INTERVAL", "sandbox_settle": "CORRAL_SANDBOX_SETTLE",
+            "peering_lifetime": "CORRAL_PEERING_LIFETIME",
         }
         return cls.model_validate({k: env[v] for k, v in mapping.items() if env.get(v)})
 

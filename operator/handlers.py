@@ -65,6 +65,7 @@ async def dispatch(key: tuple[str, str, str]) -> None:
 async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     config = Settings.from_env()
     settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
+    settings.peering.lifetime = config.peering_lifetime
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = EventsOnlyDiffBase(prefix=GROUP)  # no change handlers: no diffs
     settings.posting.level = logging.WARNING  # no Kubernetes Events for routine logs (they would be API writes)

@@ -41,6 +41,8 @@ class OperatorProcess:
         self.api_namespace = f"api-{uuid.uuid4().hex[:8]}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
+        self.mode = ["--standalone"]  # or e.g. ["--peering=name"]
+        self.env: dict[str, str] = {}  # extra environment
 
     @property
     def log_path(self) -> Path:
@@ -52,8 +54,8 @@ class OperatorProcess:
                "CORRAL_METRICS_PORT": str(self.port), "CORRAL_NAMESPACE": "corral-system",
                "CORRAL_EXECD_IMAGE": "corral/execd:test", "CORRAL_API_TOKEN": API_TOKEN,
                "CORRAL_API_HOST": "127.0.0.1", "CORRAL_API_PORT": str(self.api_port),
-               "CORRAL_API_NAMESPACE": self.api_namespace}
-        args = ["--standalone", f"--liveness=http://127.0.0.1:{self.health_port}/healthz"]
+               "CORRAL_API_NAMESPACE": self.api_namespace, **self.env}
+        args = [*self.mode, f"--liveness=http://127.0.0.1:{self.health_port}/healthz"]
         self.proc = subprocess.Popen([sys.executable, "-m", "corral.operator", *args], env=env,
                                      stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

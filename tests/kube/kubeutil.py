@@ -82,3 +82,28 @@ def claim_status(kube, ns: str, name: str) -> dict[str, Any] | None:
 def bound(kube, ns: str, name: str) -> dict[str, Any] | None:
     st = claim_status(kube, ns, name)
     return st if st and st.get("phase") == "Bound" else None
+
+
+def apply_crd(kube, crd: dict[str, Any]) -> bool:
+    """Apply a CRD and wait until it is Established; one still being deleted (by an earlier test) is waited out
+    first, or the new objects would vanish with it. True if the CRD did not exist before."""
+    from lightkube import ApiError
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+    name = crd["metadata"]["name"]
+
+    def current():
+        try:
+            return kube.get(CustomResourceDefinition, name)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+
+    wait_until(lambda: (c := current()) is None or not c.metadata.deletionTimestamp, 120, 0.25,
+               f"CRD {name} finished deleting")
+    existed = current() is not None
+    kube.apply(CustomResourceDefinition.from_dict(crd), force=True)
+    kube.wait(CustomResourceDefinition, name, for_conditions=["Established"])
+    return not existed
+

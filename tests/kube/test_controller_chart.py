@@ -14,11 +14,10 @@ import pytest
 import yaml
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace, Node, Secret
 
 from corral.components.controller_values import APP_VERSION
-from kubeutil import Sandbox, SandboxClaim, bound, claim, idle_ready, template, wait_until, warm_pool
+from kubeutil import Sandbox, apply_crd, SandboxClaim, bound, claim, idle_ready, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
 
@@ -64,16 +63,13 @@ def chart_installed(kube, kube_cluster, corral_crds, rendered):
             assert exc.status.code == 409
     peering = [d for d in rendered if d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "kopf.dev"]
     rbac = [d for d in rendered if d["kind"] in RBAC_KINDS]
-    run(kubectl, "apply", "--server-side", "-f", "-", kubeconfig=kube_cluster.kubeconfig,
-        stdin=yaml.safe_dump_all(peering + rbac))
-    for crd in peering:
-        kube.wait(CustomResourceDefinition, crd["metadata"]["name"], for_conditions=["Established"])
+    for crd in peering:  # kept until the session ends (corral_crds removes them): a CRD deleted and re-created
+        apply_crd(kube, crd)  # mid-session leaves watches on it silent, which is what kopf peering runs on
+    run(kubectl, "apply", "--server-side", "-f", "-", kubeconfig=kube_cluster.kubeconfig, stdin=yaml.safe_dump_all(rbac))
     yield rendered
     for d in rbac:
         run(kubectl, "delete", "--ignore-not-found", "-f", "-", kubeconfig=kube_cluster.kubeconfig,
             stdin=yaml.safe_dump(d))
-    for crd in peering:
-        kube.delete(CustomResourceDefinition, crd["metadata"]["name"])
     for name in made_ns:
         kube.delete(Namespace, name)
 
