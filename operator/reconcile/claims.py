@@ -312,6 +312,17 @@ async def _cold_create(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpe
     return sandbox_name
 
 
+async def _still_there(ctx: Context, ns: str, sandbox: str, claim: str) -> bool:
+    """Whether the claim's sandbox exists (not being deleted, still bound to it), asked of the API server: one read,
+    only on the rare path where the index has no such sandbox, before a claim is failed for good."""
+    try:
+        obj = await ctx.kube.get("Sandbox", sandbox, ns)
+    except Exception as exc:  # noqa: BLE001 - 404 is the answer; anything else: don't fail the claim on a hunch
+        return status_code(exc) != 404
+    meta = obj.get("metadata") or {}
+    return not meta.get("deletionTimestamp") and (meta.get("labels") or {}).get(L_CLAIM) == claim
+
+
 async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, sandbox: Member | None,
                  now: float) -> None:
     meta, status = body["metadata"], body.get("status") or {}
@@ -324,6 +335,11 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
             return  # our own adoption, not reported by the watch yet
         if shutdown and now >= shutdown:
             await finish(ctx, body, "Finished", "ShutdownTime", f"shut down at shutdownTime ({policy})")
+            return
+        if expected and await _still_there(ctx, ns, expected, name):
+            # The index is behind the cluster (a replica resuming after a peering pause re-lists claims before
+            # sandboxes): the sandbox's own watch event will bring the claim back; check again soon regardless.
+            ctx.request_at("SandboxClaim", ns, name, now + 1.0)
             return
         await finish(ctx, body, "Failed", "SandboxLost",
                      f"sandbox {expected} was deleted while the claim was bound")

@@ -1,7 +1,6 @@
-"""Two operator replicas with kopf peering, started with the same flags (as a Deployment's are): exactly one acts,
-the other stands by; when the active one dies (SIGKILL, no goodbye), the standby takes over within the peering
-lifetime and serves claims. (kopf pauses every replica when two share a priority, so `python -m corral.operator`
-gives each a random one.)"""
+"""Two operator replicas with kopf peering: exactly one acts, the other stands by; when the active one dies (SIGKILL,
+no goodbye), the standby takes over within the peering lifetime, keeps the claims the other bound, and serves new
+ones. (kopf pauses every replica when two share a priority, so `python -m corral.operator` gives each a random one.)"""
 
 import time
 
@@ -10,7 +9,7 @@ import yaml
 from lightkube.generic_resource import create_global_resource
 
 from corral.components.controller_values import CHART_DIR
-from kubeutil import apply_crd, bound, claim, idle_ready, template, wait_until, warm_pool
+from kubeutil import apply_crd, bound, claim_status, claim, idle_ready, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
 
@@ -39,7 +38,10 @@ def test_one_of_two_peered_replicas_acts_and_the_other_takes_over(kube, kube_clu
         for i in range(2):
             op = type(operator)(kube_cluster.kubeconfig, tmp_path / f"r{i}")
             op.log_dir.mkdir()
-            op.mode = [f"--peering={peering}"]
+            # The first replica acts alone, pauses when the higher second one appears, and resumes when that one
+            # dies: the path where a replica's indices are stale on resume. (Replicas started with identical flags
+            # draw distinct random priorities: tests/unit/test_operator_main.py.)
+            op.mode = [f"--peering={peering}", f"--priority={i + 1}"]
             op.env = {"CORRAL_PEERING_LIFETIME": str(LIFETIME)}
             op.start()
             replicas.append(op)
@@ -83,7 +85,9 @@ def test_one_of_two_peered_replicas_acts_and_the_other_takes_over(kube, kube_clu
         kube.create(claim("b", "wp"), namespace=ns)
         st = wait_until(lambda: bound(kube, ns, "b"), LIFETIME * 4 + 60, 0.25, "claim b Bound by the standby",
                         dump=standby.log)
-        assert st["sandbox"]["name"] != bound(kube, ns, "a")["sandbox"]["name"]
+        a = bound(kube, ns, "a")
+        assert a is not None, f"claim a lost on takeover: {claim_status(kube, ns, 'a')}"
+        assert st["sandbox"]["name"] != a["sandbox"]["name"]
         wait_until(lambda: binds(standby) == before[id(standby)] + 1, 10, 0.25, "the standby (now acting) bound b")
         assert "Resuming operations after the pause" in standby.log()
         print(f"takeover after SIGKILL: claim b Bound {time.monotonic() - t0:.1f}s later (lifetime {LIFETIME}s)")
