@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from .controller_values import CHART_DIR, OperatorValues, ValuesError, deep_merge
-from .docker_stack import ApiToken
+from ._token import ApiToken
 
 PART_OF = {"app.kubernetes.io/part-of": "corral", "app.kubernetes.io/managed-by": "pulumi"}
 

@@ -12,7 +12,6 @@ inside each method (never on self: providers are pickled), and tolerates objects
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from ._token import ApiToken, TokenProvider  # noqa: F401
 
 STACK_LABEL = "corral.dev/stack"
 ROLE_LABEL = "corral.dev/role"
@@ -141,22 +142,7 @@ class OperatorImage(Resource):
         super().__init__(ImageProvider(), name, {"tag": tag, "build": build, "host": host, "image_id": None}, opts)
 
 
-# --- the API token -------------------------------------------------------------------------------------------------
-class TokenProvider(_Provider):
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        token = secrets.token_urlsafe(32)
-        return CreateResult(f"token-{secrets.token_hex(4)}", {"token": token})
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        return DiffResult(changes=False)
-
-
-class ApiToken(Resource):
-    token: pulumi.Output[str]
-
-    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None):
-        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["token"]))
-        super().__init__(TokenProvider(), name, {"token": None}, opts)
+# --- the API token: ._token (re-exported here: stacks created earlier name these classes in their state) ----------
 
 
 # --- the pools file ------------------------------------------------------------------------------------------------
