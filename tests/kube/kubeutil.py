@@ -107,3 +107,15 @@ def apply_crd(kube, crd: dict[str, Any]) -> bool:
     kube.wait(CustomResourceDefinition, name, for_conditions=["Established"])
     return not existed
 
+
+
+def sandbox_or_none(kube, ns: str, name: str):
+    """The Sandbox, or None once it is gone."""
+    from lightkube import ApiError
+
+    try:
+        return kube.get(Sandbox, name, namespace=ns)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise

@@ -17,7 +17,7 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
-from kubeutil import Sandbox, SandboxClaim, idle_ready, pool, status, template, wait_until, warm_pool
+from kubeutil import Sandbox, SandboxClaim, idle_ready, pool, status, template, wait_until, warm_pool, sandbox_or_none
 
 pytestmark = pytest.mark.kube
 
@@ -44,15 +44,6 @@ def uid():
 
 def wait_ready_pool(kube, ns, name, n, timeout=60):
     return wait_until(lambda: len(s := idle_ready(kube, ns, name)) == n and s, timeout, 0.25, f"{n} ready in {name}")
-
-
-def sandbox_or_none(kube, ns, name):
-    try:
-        return kube.get(Sandbox, name, namespace=ns)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
 
 
 def is_error(resp: httpx.Response, status: int, code: str) -> dict:

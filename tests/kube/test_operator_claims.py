@@ -5,9 +5,9 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import AsyncClient, KubeConfig
 
-from kubeutil import Sandbox, SandboxClaim, bound, claim, claim_status, idle_ready, status, template, wait_until, warm_pool
+from kubeutil import Sandbox, SandboxClaim, bound, claim, claim_status, idle_ready, status, template, wait_until, warm_pool, sandbox_or_none
 
 pytestmark = pytest.mark.kube
 
@@ -81,15 +81,6 @@ def test_disallowed_env_is_a_condition_not_a_retry_storm(kube, operator, ns):
 
 def shutdown_at(seconds):
     return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def sandbox_or_none(kube, ns, name):
-    try:
-        return kube.get(Sandbox, name, namespace=ns)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
 
 
 @pytest.mark.parametrize("policy", ["Delete", "DeleteForeground", "Retain"])
