@@ -59,7 +59,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
          "is on", (GROUP,), tuple(f"{k}/finalizers" for k in ("sandboxes", "warmpools", "pools", "sandboxtemplates")),
          ("update",)),
     Rule("the Sandbox reconciler creates each sandbox's pod, watches it (readiness, IPs), relabels it on adoption "
-         "and deletes it on suspend/shutdown", ("",), ("pods",), ("get", "list", "watch", "create", "patch", "delete")),
+         "and deletes it on suspend/shutdown; the active replica labels its own pod for the claims API Service",
+         ("",), ("pods",), ("get", "list", "watch", "create", "patch", "delete")),
     Rule("the Sandbox reconciler creates volume claims from the template and deletes them with the sandbox",
          ("",), ("persistentvolumeclaims",), ("get", "create", "delete")),
     Rule("the Sandbox reconciler creates the optional per-sandbox Service",

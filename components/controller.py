@@ -126,7 +126,7 @@ class ControllerDeployment(pulumi.ComponentResource):
         self.metrics_endpoint = self.namespace.apply(
             lambda ns: f"http://{service}.{ns}.svc:{values.metrics.port}/metrics")
         self.api_endpoint = self.namespace.apply(
-            lambda ns: f"http://{service}.{ns}.svc:{values.api.port}" if values.api.enabled else "")
+            lambda ns: f"http://{service}-api.{ns}.svc:{values.api.port}" if values.api.enabled else "")
         self.register_outputs({"namespace": self.namespace, "service_name": self.service_name,
                                "metrics_endpoint": self.metrics_endpoint, "api_endpoint": self.api_endpoint,
                                "api_token": self.api_token})

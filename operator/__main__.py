@@ -8,6 +8,7 @@ a priority, so identical replicas (a Deployment's) must differ; the highest one 
 
 import os
 import secrets
+import socket
 import sys
 
 import kopf.cli
@@ -26,8 +27,16 @@ def kopf_args(argv: list[str]) -> list[str]:
     return ["run", "-m", "corral.operator.handlers", *args]
 
 
+def peer_identity(environ: dict[str, str]) -> str:
+    """kopf's peer identity (its POD_ID), fixed here so Corral knows it too: corral.operator.leadership reads the
+    same peering object. The pod's name under the chart; else host, pid and a random suffix."""
+    return environ.get("POD_ID") or environ.get("CORRAL_POD_NAME") or \
+        f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     sys.argv = ["kopf", *kopf_args(sys.argv[1:] if argv is None else argv)]
+    os.environ["POD_ID"] = peer_identity(dict(os.environ))
     kopf.cli.main()
 
 

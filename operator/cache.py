@@ -65,6 +65,7 @@ class PodInfo:
     node: str | None
     deleting: bool
     message: str | None
+    resource_version: str = ""
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> "PodInfo":
@@ -75,6 +76,7 @@ class PodInfo:
             name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""), phase=status.get("phase"),
             ready=_ready(status.get("conditions")), pod_ips=ips, node=(body.get("spec") or {}).get("nodeName"),
             deleting=bool(meta.get("deletionTimestamp")), message=status.get("message") or status.get("reason"),
+            resource_version=meta.get("resourceVersion", ""),
         )
 
 
@@ -82,15 +84,49 @@ def sandbox_of_pod(labels: dict[str, str]) -> str | None:
     return labels.get(L_SANDBOX)
 
 
+# Index keys. Every object is under (namespace, name) in its kind's index; claims and sandboxes are also under
+# tagged secondary keys in the same index (one kopf handler per kind, see handlers.py).
+CLAIMS_OF = "claims-of"  # (CLAIMS_OF, ns, pool kind, pool) -> claim bodies
+MEMBER = "member"  # (MEMBER, ns, pool kind, pool) -> Member of each sandbox of that pool
+CLAIMED = "claimed"  # (CLAIMED, ns, claim) -> Member of the sandbox labelled for that claim
+INDEX = {"SandboxTemplate": "templates_idx", "WarmPool": "warmpools_idx", "Pool": "pools_idx",
+         "SandboxClaim": "claims_idx", "Sandbox": "sandboxes_idx", "Pod": "pods_idx"}
+
+
+def claim_keys(ns: str, name: str, spec: Any, body: dict[str, Any]) -> dict[Any, Any]:
+    ref = spec.get("poolRef") or {}
+    return {(ns, name): body, (CLAIMS_OF, ns, ref.get("kind", "WarmPool"), ref.get("name", "")): body}
+
+
+def sandbox_keys(ns: str, name: str, labels: Any, body: dict[str, Any]) -> dict[Any, Any]:
+    keys: dict[Any, Any] = {(ns, name): body}
+    pool, claim = labels.get(L_POOL), labels.get(L_CLAIM)
+    if pool or claim:
+        m = member_of(body)
+        if pool:
+            keys[(MEMBER, ns, labels.get(L_POOL_KIND, "WarmPool"), pool)] = m
+        if claim:
+            keys[(CLAIMED, ns, claim)] = m
+    return keys
+
+
+def uid_of(value: Any) -> str:
+    """The uid of an indexed value: a body, a Member or a PodInfo."""
+    return value.uid if hasattr(value, "uid") else (value.get("metadata") or {}).get("uid", "")
+
+
 class Cache:
     """Typed access to the live kopf indices (bound from the first handler call)."""
 
-    NAMES = ("templates_idx", "warmpools_idx", "pools_idx", "claims_idx", "claims_by_pool_idx", "sandboxes_idx",
-             "pool_members_idx", "claim_sandbox_idx", "pods_idx")
+    NAMES = tuple(INDEX.values())
 
     def __init__(self) -> None:
         self._idx: dict[str, Any] = {}
         self.bound_at: float | None = None
+        self.hidden: set[str] = set()  # uids of objects deleted while kopf was paused (see corral.operator.resync)
+
+    def hide(self, uids: set[str]) -> None:
+        self.hidden |= uids
 
     def bind(self, kwargs: dict[str, Any]) -> None:
         if self.bound_at is None and all(n in kwargs for n in self.NAMES):
@@ -105,58 +141,64 @@ class Cache:
         idx = self._idx.get(index)
         if idx is None or key not in idx:
             return []
+        if self.hidden:
+            return [v for v in idx[key] if uid_of(v) not in self.hidden]
         return list(idx[key])
 
     def _one(self, index: str, key: Any) -> Any:
         values = self._all(index, key)
         return values[0] if values else None
 
+    def get(self, kind: str, ns: str, name: str) -> Any:
+        """One object of a kind by name (a body; a PodInfo for "Pod", keyed by its sandbox's name)."""
+        return self._one(INDEX[kind], (ns, name))
+
+    def list(self, kind: str, ns: str) -> list[Any]:
+        idx = self._idx.get(INDEX[kind]) or {}
+        return [v for key in list(idx) if len(key) == 2 and key[0] == ns for v in idx[key]
+                if not self.hidden or uid_of(v) not in self.hidden]
+
+    def all_objects(self, kind: str) -> list[Any]:
+        """Every object of a kind in every namespace."""
+        idx = self._idx.get(INDEX[kind]) or {}
+        return [v for key in list(idx) if len(key) == 2 for v in idx[key]
+                if not self.hidden or uid_of(v) not in self.hidden]
+
     def template(self, ns: str, name: str) -> dict[str, Any] | None:
-        return self._one("templates_idx", (ns, name))
+        return self.get("SandboxTemplate", ns, name)
 
     def warmpool(self, ns: str, name: str) -> dict[str, Any] | None:
-        return self._one("warmpools_idx", (ns, name))
+        return self.get("WarmPool", ns, name)
 
     def pool(self, ns: str, name: str) -> dict[str, Any] | None:
-        return self._one("pools_idx", (ns, name))
+        return self.get("Pool", ns, name)
 
     def pool_of_kind(self, ns: str, kind: str, name: str) -> dict[str, Any] | None:
         return self.warmpool(ns, name) if kind == "WarmPool" else self.pool(ns, name)
 
     def claim(self, ns: str, name: str) -> dict[str, Any] | None:
-        return self._one("claims_idx", (ns, name))
+        return self.get("SandboxClaim", ns, name)
 
     def sandbox(self, ns: str, name: str) -> dict[str, Any] | None:
-        return self._one("sandboxes_idx", (ns, name))
+        return self.get("Sandbox", ns, name)
 
     def members(self, ns: str, kind: str, pool: str) -> list[Member]:
-        return self._all("pool_members_idx", (ns, kind, pool))
+        return self._all("sandboxes_idx", (MEMBER, ns, kind, pool))
 
     def claim_sandbox(self, ns: str, claim: str) -> Member | None:
-        values = sorted(self._all("claim_sandbox_idx", (ns, claim)), key=lambda m: m.created)
+        values = sorted(self._all("sandboxes_idx", (CLAIMED, ns, claim)), key=lambda m: m.created)
         return values[0] if values else None
 
     def pod(self, ns: str, sandbox: str) -> PodInfo | None:
-        return self._one("pods_idx", (ns, sandbox))
+        return self.get("Pod", ns, sandbox)
 
     def pools_using_template(self, ns: str, template: str) -> list[tuple[str, str]]:
-        out = []
-        for index, kind in (("warmpools_idx", "WarmPool"), ("pools_idx", "Pool")):
-            idx = self._idx.get(index) or {}
-            for key in list(idx):
-                if key[0] == ns:
-                    for body in idx[key]:
-                        if (body.get("spec") or {}).get("templateRef", {}).get("name") == template:
-                            out.append((kind, key[1]))
-        return out
+        return [(kind, body["metadata"]["name"]) for kind in ("WarmPool", "Pool") for body in self.list(kind, ns)
+                if (body.get("spec") or {}).get("templateRef", {}).get("name") == template]
 
     def claims_for(self, ns: str, kind: str, pool: str) -> list[dict[str, Any]]:
         """Claims on one pool (an index lookup: pool reconciles run on every member event)."""
-        return self._all("claims_by_pool_idx", (ns, kind, pool))
-
-    def count(self, index: str) -> int:
-        idx = self._idx.get(index) or {}
-        return sum(len(idx[k]) for k in list(idx))
+        return self._all("claims_idx", (CLAIMS_OF, ns, kind, pool))
 
 
 class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):

@@ -14,6 +14,7 @@ L_POOL_KIND = f"{GROUP}/pool-kind"        # WarmPool | Pool
 L_CLAIM = f"{GROUP}/claim"                # the claim a sandbox is bound to (absent: idle)
 L_SANDBOX = f"{GROUP}/sandbox"            # on pods: the owning Sandbox
 L_HASH = f"{GROUP}/blueprint-hash"        # blueprint hash at creation
+L_CLAIMS_API = f"{GROUP}/claims-api"      # on the operator's own pod: "active" while it serves the claims API
 L_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "corral-operator"
 L_COMPONENT = "app.kubernetes.io/component"

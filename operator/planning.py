@@ -8,8 +8,9 @@ double-creates or double-deletes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_BATCH = 32
 
@@ -126,12 +127,27 @@ def plan_pool(
     return plan
 
 
-def adoption_order(candidates: Iterable[Member], current_hash: str | None, reserved: set[str]) -> list[Member]:
+def adoption_candidates(candidates: Iterable[Member], current_hash: str | None, reserved: set[str]) -> Iterator[Member]:
     """Ready idle sandboxes in the order a claim should try them.
 
     Stale ones first (so an OnReplenish pool drains its old blueprint through claims), then spread over nodes: the
     node with the most idle candidates gives first, so the remaining warm capacity stays spread; oldest first.
+    Lazily: the first candidate costs one pass over the pool (a claim almost always gets it); the rest are sorted
+    only when that one was taken meanwhile (a full sort per claim was quadratic over a burst).
     """
     ready = [m for m in candidates if m.ready and not m.deleting and not m.claim and m.name not in reserved]
+    if not ready:
+        return
     per_node = Counter(m.node for m in ready)
-    return sorted(ready, key=lambda m: (m.blueprint_hash == current_hash, -per_node[m.node], m.created, m.name))
+
+    def key(m: Member) -> tuple[Any, ...]:
+        return (m.blueprint_hash == current_hash, -per_node[m.node], m.created, m.name)
+
+    first = min(ready, key=key)
+    yield first
+    yield from sorted((m for m in ready if m is not first), key=key)
+
+
+def adoption_order(candidates: Iterable[Member], current_hash: str | None, reserved: set[str]) -> list[Member]:
+    """`adoption_candidates`, all of them."""
+    return list(adoption_candidates(candidates, current_hash, reserved))

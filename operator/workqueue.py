@@ -36,6 +36,8 @@ class WorkQueue:
         self._tasks: list[asyncio.Task[None]] = []
         self._idle = asyncio.Event()
         self._idle.set()
+        self._open = asyncio.Event()  # cleared while held: requests queue up, nothing runs
+        self._open.set()
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(i), name=f"corral-worker-{i}") for i in range(self._workers_n)]
@@ -78,6 +80,17 @@ class WorkQueue:
         self._timers.pop(key, None)
         self.add(key)
 
+    def hold(self) -> None:
+        """Run nothing new until `release` (reconciles already running finish); requests and timers still queue."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._open.is_set()
+
     @property
     def pending_timers(self) -> int:
         return len(self._timers)
@@ -87,7 +100,12 @@ class WorkQueue:
 
     async def _worker(self, index: int) -> None:
         while True:
-            _, _, key = await self._queue.get()
+            await self._open.wait()
+            prio, seq, key = await self._queue.get()
+            if not self._open.is_set():  # held while this worker waited for work: the key waits for the release
+                self._queue.put_nowait((prio, seq, key))
+                self._queue.task_done()
+                continue
             self._queued.discard(key)
             self._running.add(key)
             try:

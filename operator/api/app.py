@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 from contextlib import asynccontextmanager
 from typing import Any

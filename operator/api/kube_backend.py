@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from lightkube import ApiError
 
@@ -90,16 +91,34 @@ def _api_error(exc: ApiError, what: str) -> BackendError:
     return Unavailable(message)
 
 
+T = TypeVar("T")
+
+
+def active_replica(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Serve only on the active replica: a kopf-paused one gets no watch events, so its indices are stale and a
+    claim it creates would never be seen to bind. (The chart's claims API Service routes to the active replica's pod
+    only; this covers a client that reaches a standby anyway.)"""
+
+    @functools.wraps(method)
+    async def serve(self: "KubeBackend", *args: Any, **kwargs: Any) -> T:
+        if not self.ctx.leadership.active:
+            raise Unavailable(f"this operator replica is on standby (kopf peering {self.ctx.leadership.peering!r}): "
+                              "retry; the claims API Service routes to the active replica")
+        return await method(self, *args, **kwargs)
+
+    return serve
+
+
 class KubeBackend:
     """ClaimsBackend over SandboxClaims in one namespace, reading the operator's kopf indices.
 
-    `context` is the operator's Context (its counted API client and the execd token key); `indices` are kopf's live
-    indices (the same objects its handlers get); `ready` says whether kopf has delivered them complete (it calls no
-    handler before every index is filled from the initial listing).
+    `context` is the operator's Context: its counted API client, the execd token key, and its Cache over kopf's live
+    indices (ready once kopf has delivered them complete: it calls no handler before every index is filled from the
+    initial listing).
     """
 
-    def __init__(self, context: Any, namespace: str, indices: Mapping[str, Any], ready: Any) -> None:
-        self.ctx, self.ns, self.indices, self._ready = context, namespace, indices, ready
+    def __init__(self, context: Any, namespace: str) -> None:
+        self.ctx, self.ns = context, namespace
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
     # --- events (called by the operator's claim handler) -------------------------------------------------------------
@@ -122,20 +141,14 @@ class KubeBackend:
                     del self._waiters[name]
 
     # --- reads: the indices, or one direct read before they are complete ------------------------------------------
-    def _one(self, index: str, key: Any) -> Any:
-        idx = self.indices.get(index)
-        if idx is None or key not in idx:
-            return None
-        values = list(idx[key])
-        return values[0] if values else None
+    def _ready(self) -> bool:
+        return self.ctx.cache.ready
 
     async def _get(self, kind: str, name: str, *, confirm: bool = True) -> dict[str, Any] | None:
         """The object from the index; a miss is confirmed with one direct read (the watch may not have delivered
         an object created a moment ago), unless `confirm` is False (waits, woken by the watch itself)."""
-        index = {"SandboxClaim": "claims_idx", "Sandbox": "sandboxes_idx", "WarmPool": "warmpools_idx",
-                 "Pool": "pools_idx", "SandboxTemplate": "templates_idx"}[kind]
         if self._ready():
-            found = self._one(index, (self.ns, name))
+            found = self.ctx.cache.get(kind, self.ns, name)
             if found is not None or not confirm:
                 return found
         try:
@@ -146,18 +159,15 @@ class KubeBackend:
             raise _api_error(exc, f"reading {kind} {name}") from None
 
     async def _list(self, kind: str) -> list[dict[str, Any]]:
-        index = {"SandboxClaim": "claims_idx", "WarmPool": "warmpools_idx", "Pool": "pools_idx"}[kind]
         if self._ready():
-            idx = self.indices.get(index) or {}
-            return [body for key in list(idx) if key[0] == self.ns for body in idx[key]]
+            return self.ctx.cache.list(kind, self.ns)
         self.ctx.kube._count("list", kind)  # noqa: SLF001 - the same counter as every other operator call
         return [o.to_dict() if hasattr(o, "to_dict") else dict(o)
                 async for o in self.ctx.kube.client.list(RESOURCES[kind], namespace=self.ns)]
 
     async def _members(self, kind: str, pool: str) -> list[Member]:
         if self._ready():
-            idx = self.indices.get("pool_members_idx") or {}
-            return list(idx[(self.ns, kind, pool)]) if (self.ns, kind, pool) in idx else []
+            return self.ctx.cache.members(self.ns, kind, pool)
         self.ctx.kube._count("list", "Sandbox")  # noqa: SLF001
         members = [member_of(o.to_dict() if hasattr(o, "to_dict") else dict(o)) async for o in
                    self.ctx.kube.client.list(RESOURCES["Sandbox"], namespace=self.ns, labels={L_POOL: pool})]
@@ -222,6 +232,7 @@ class KubeBackend:
         return {"apiVersion": API_VERSION, "kind": "SandboxClaim",
                 "metadata": {"name": name, "namespace": self.ns, "labels": dict(CREATED_BY)}, "spec": spec}
 
+    @active_replica
     async def create_claim(self, req: ClaimRequest) -> Claim:
         if req.snapshot:
             raise NotSupported(NOT_SUPPORTED["snapshot"])
@@ -265,15 +276,18 @@ class KubeBackend:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(ev.wait(), remaining)
 
+    @active_replica
     async def get_claim(self, name: str) -> Claim:
         return self.to_api(await self._claim(name))
 
+    @active_replica
     async def list_claims(self, pool: str | None = None) -> list[Claim]:
         bodies = await self._list("SandboxClaim")
         if pool is not None:
             bodies = [b for b in bodies if ((b.get("spec") or {}).get("poolRef") or {}).get("name") == pool]
         return sorted((self.to_api(b) for b in bodies), key=lambda c: (c.created, c.name))
 
+    @active_replica
     async def delete_claim(self, name: str) -> None:
         body = await self._claim(name)
         spec, st = body.get("spec") or {}, body.get("status") or {}
@@ -304,6 +318,7 @@ class KubeBackend:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(ev.wait(), deadline - loop.time())
 
+    @active_replica
     async def renew_claim(self, name: str, ttl_seconds: int) -> Claim:
         body = await self._claim(name)
         phase = (body.get("status") or {}).get("phase")
@@ -317,18 +332,22 @@ class KubeBackend:
             raise _api_error(exc, f"renewing claim {name}") from None
         return self.to_api(patched)
 
+    @active_replica
     async def pause_claim(self, name: str) -> Claim:
         await self._claim(name)
         raise NotSupported(NOT_SUPPORTED["pause"])
 
+    @active_replica
     async def resume_claim(self, name: str) -> Claim:
         await self._claim(name)
         raise NotSupported(NOT_SUPPORTED["pause"])
 
+    @active_replica
     async def snapshot_claim(self, name: str, req: SnapshotRequest) -> Snapshot:
         await self._claim(name)
         raise NotSupported(NOT_SUPPORTED["snapshot"])
 
+    @active_replica
     async def execd_target(self, name: str) -> ExecdTarget:
         body = await self._claim(name)
         st = body.get("status") or {}
@@ -340,7 +359,7 @@ class KubeBackend:
             raise Unavailable(f"claim {name}: its sandbox {sandbox_name} is gone")
         m = member_of(sandbox)
         port = int(((sandbox.get("spec") or {}).get("execd") or {}).get("port", 44772))
-        pod = self._one("pods_idx", (self.ns, sandbox_name)) if self._ready() else None
+        pod = self.ctx.cache.pod(self.ns, sandbox_name) if self._ready() else None
         ip = pod.pod_ips[0] if pod is not None and pod.ready and pod.pod_ips else \
             (m.endpoint.rpartition(":")[0] if m.endpoint else None)
         if not m.ready or not ip:
@@ -349,6 +368,7 @@ class KubeBackend:
         return ExecdTarget(url=f"http://{host}:{port}",
                            token=execd_token(self.ctx.token_key, self.ns, sandbox_name, m.uid))
 
+    @active_replica
     async def list_pools(self) -> list[PoolStatus]:
         out = []
         for kind in ("WarmPool", "Pool"):

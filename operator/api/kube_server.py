@@ -94,14 +94,13 @@ class _Server:
 SERVER: dict[str, _Server] = {}
 
 
-async def start(context: Any, indices: Mapping[str, Any]) -> None:
+async def start(context: Any) -> None:
     """kopf startup: serve the claims API if a token is configured (CORRAL_API_TOKEN / CORRAL_API_TOKEN_FILE)."""
     settings = ApiSettings.from_env()
     if not settings.token:
         log.info("claims API off (set CORRAL_API_TOKEN or CORRAL_API_TOKEN_FILE to serve it)")
         return
-    idx = {k: v for k, v in indices.items() if k.endswith("_idx")}
-    backend = KubeBackend(context, settings.namespace, idx, lambda: context.cache.ready)
+    backend = KubeBackend(context, settings.namespace)
     server = _Server(backend, settings)
     try:
         await server.start()

@@ -17,12 +17,12 @@ import httpx
 from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec, validate
 
 from .. import metrics
-from ..builders import blueprint_hash, execd_token, owner_ref, sandbox_labels, sandbox_manifest
+from ..builders import execd_token, owner_ref, sandbox_labels, sandbox_manifest
 from ..cache import _ts
 from ..constants import A_LAUNCH, L_CLAIM, L_POOL, L_POOL_KIND
 from ..context import Context
 from ..kube import ignore, status_code
-from ..planning import Member, adoption_order
+from ..planning import Member, adoption_candidates
 from .conditions import now_iso, set_condition
 
 log = logging.getLogger("corral.operator.claim")
@@ -133,7 +133,7 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
         ctx.request_at("SandboxClaim", ns, name, deadline)
         return
     try:
-        tspec = validate(SandboxTemplateSpec, template["spec"])
+        tspec, bp_hash = ctx.template_spec(template)
     except CorralValidationError as exc:
         raise ClaimError("InvalidTemplate", str(exc)) from None
     env = [e.to_k8s() for e in spec.env]
@@ -161,7 +161,6 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
     if now >= deadline:
         raise ClaimError("Timeout", f"no sandbox within {spec.timeout_seconds}s")
 
-    bp_hash = blueprint_hash(tspec)
     if not spec.volume_claim_templates:
         adopted = await _adopt(ctx, body, kind, pool_name, bp_hash)
         if adopted is not None:
@@ -196,7 +195,7 @@ async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_ha
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     reserved = {n for (rns, n) in ctx.reserved if rns == ns}
-    for m in adoption_order(ctx.cache.members(ns, kind, pool), bp_hash, reserved):
+    for m in adoption_candidates(ctx.cache.members(ns, kind, pool), bp_hash, reserved):
         ctx.reserved[(ns, m.name)] = (ns, name)
         patch: dict[str, Any] = {"metadata": {
             "resourceVersion": m.resource_version,
@@ -252,10 +251,8 @@ async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool
 
 async def _cold(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, kind: str, pool: dict[str, Any],
                 template: dict[str, Any], tspec: SandboxTemplateSpec, bp_hash: str, env: list[dict[str, str]]) -> None:
-    meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
     if kind == "Pool":
-        async with ctx.pool_lock(ns, pool["metadata"]["name"]):
+        async with ctx.pool_lock(body["metadata"]["namespace"], pool["metadata"]["name"]):
             await _cold_in_pool(ctx, body, spec, pool, template, tspec, bp_hash, env)
         return
     await _cold_create(ctx, body, spec, kind, pool, template, tspec, bp_hash, env)

@@ -10,7 +10,7 @@ from typing import Any
 from corral.api import CorralValidationError, PoolSpec, WarmPoolSpec, validate
 
 from .. import metrics
-from ..builders import blueprint_hash, owner_ref, sandbox_labels, sandbox_manifest
+from ..builders import owner_ref, sandbox_labels, sandbox_manifest
 from ..constants import L_CLAIM, L_POOL, L_POOL_KIND
 from ..context import Context
 from ..kube import ignore, status_code
@@ -87,7 +87,7 @@ def _template_or_none(ctx: Context, ns: str, name: str) -> tuple[dict[str, Any] 
     if template is None:
         return None, None
     try:
-        return template, blueprint_hash(template["spec"])
+        return template, ctx.template_spec(template)[1]
     except Exception:  # noqa: BLE001 - an invalid template is reported on the template itself
         return None, None
 
@@ -111,6 +111,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     if loaded is None:
         return
     body, spec, template, bp_hash = loaded
+    _wake_claims_waiting_for(ctx, ns, "WarmPool", name)
     members = ctx.cache.members(ns, "WarmPool", name)
     idle = [m for m in members if not m.claim and not m.deleting and (ns, m.name) not in ctx.reserved]
     now = time.time()
@@ -190,6 +191,21 @@ async def _write_status(ctx: Context, kind: str, body: dict[str, Any], status: d
     ctx.status_written[(kind, ns, name)] = now
 
 
+WAITING_FOR_POOL = ("PoolNotFound", "TemplateNotFound")
+
+
+def _wake_claims_waiting_for(ctx: Context, ns: str, kind: str, name: str) -> None:
+    """Claims that found this pool (or its template) missing wait for their timeout with nothing else to wake them:
+    now that both are here, they go on. (A claim made before its pool; or a replica resuming from a peering pause,
+    whose indices refill one watch stream at a time, that saw a claim before its pool.) No loop: a claim that finds
+    both here decides (warm or cold) and never waits for this reason again."""
+    for c in ctx.cache.claims_for(ns, kind, name):
+        st = c.get("status") or {}
+        if st.get("phase") == "Pending" and any(cond.get("type") == "Bound" and cond.get("reason") in WAITING_FOR_POOL
+                                                for cond in st.get("conditions") or []):
+            ctx.request("SandboxClaim", ns, c["metadata"]["name"])
+
+
 def _undecided_claims(ctx: Context, ns: str, kind: str, name: str) -> int:
     """Claims on this pool that have neither adopted a sandbox nor started a cold one yet."""
     n = 0
@@ -211,6 +227,7 @@ async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
     if loaded is None:
         return
     body, spec, template, bp_hash = loaded
+    _wake_claims_waiting_for(ctx, ns, "Pool", name)
     members = ctx.cache.members(ns, "Pool", name)
     # Allocated sandboxes whose claim is gone are released: recycled as the pool says.
     for m in members:

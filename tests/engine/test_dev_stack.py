@@ -42,7 +42,7 @@ def test_dev_stack_up_is_stable_and_destroy_cleans_up(pulumi_cli, kube_cluster, 
         assert out["namespace"] == "corral-sandboxes"
         assert sorted(out["warmPools"]) == ["node", "python"]
         assert out["controllerNamespace"] == "corral-system" and out["controllerService"] == "corral"
-        assert out["apiEndpoint"] == "http://corral.corral-system.svc:7780"
+        assert out["apiEndpoint"] == "http://corral-api.corral-system.svc:7780"
 
         # The chart's objects, as the API server has them.
         dep = kube.get(Deployment, "corral", namespace="corral-system")

@@ -78,7 +78,7 @@ def test_default_chart_is_accepted_by_the_server_dry_run(kube_cluster, chart_ins
     objs = [d for d in chart_installed if d["kind"] != "CustomResourceDefinition"]
     kinds = sorted(d["kind"] for d in objs)
     assert kinds == sorted(["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
-                            "NetworkPolicy", "Secret", "Service", "ServiceAccount"])
+                            "NetworkPolicy", "Secret", "Service", "Service", "ServiceAccount"])
     out = run(tools()["kubectl"], "apply", "--dry-run=server", "--server-side", "-o", "json", "-f", "-",
               kubeconfig=kube_cluster.kubeconfig, stdin=yaml.safe_dump_all(objs))
     items = json.loads(out)
@@ -95,6 +95,10 @@ def test_default_chart_is_accepted_by_the_server_dry_run(kube_cluster, chart_ins
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["CORRAL_API_NAMESPACE"] == "corral-rbac-sbx"  # the claims API serves the sandbox namespace
     assert env["CORRAL_EXECD_IMAGE"] == c["image"]  # the operator image carries execd for the initContainer
+    assert "CORRAL_POD_NAME" in env  # the replica labels its own pod when it is the active one
+    (api,) = [i for i in items if i["kind"] == "Service" and i["metadata"]["name"].endswith("-api")]
+    assert api["spec"]["selector"]["corral.dev/claims-api"] == "active"  # API traffic reaches the active replica only
+    assert [p["name"] for p in api["spec"]["ports"]] == ["api"]
 
 
 def sa_kubeconfig(kube_cluster, tmp_path: Path) -> str:

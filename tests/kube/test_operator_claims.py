@@ -108,6 +108,20 @@ def test_shutdown_policies_and_ttl(kube, operator, ns, policy):
         assert sandbox_or_none(kube, ns, sandbox) is not None, "Retain: the sandbox outlives the claim"
 
 
+def test_claim_made_before_its_pool_and_template_binds_once_they_exist(kube, operator, ns):
+    """Nothing else wakes a claim that found its pool missing before its timeout (300 s): the pool does, when it
+    appears. (Also what a replica resuming from a peering pause meets: its claims stream may re-list first.)"""
+    kube.create(claim("early", "later"), namespace=ns)
+    pending = wait_until(lambda: (s := claim_status(kube, ns, "early")) and s.get("phase") and s, 10)
+    assert pending["conditions"][0]["reason"] == "PoolNotFound"
+    kube.create(warm_pool("later", "later-py", 1), namespace=ns)
+    time.sleep(1)
+    kube.create(template("later-py"), namespace=ns)
+    st = wait_until(lambda: bound(kube, ns, "early"), 30, 0.2, "claim Bound after its pool and template appeared "
+                    "(well before its 300 s timeout)", dump=operator.log)
+    assert st["sandbox"]["name"]
+
+
 def test_claim_times_out_when_the_pool_does_not_exist(kube, operator, ns):
     kube.create(claim("c", "missing", timeoutSeconds=3), namespace=ns)
     pending = wait_until(lambda: (s := claim_status(kube, ns, "c")) and s.get("phase") and s, 10)

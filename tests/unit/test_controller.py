@@ -46,7 +46,7 @@ def test_controller_installs_namespace_crds_secret_and_chart():
         assert "cpu" not in v["resources"]["limits"]  # unset optionals are left out, not null
         assert (ns, service) == ("corral-ops", "corral")
         assert metrics == "http://corral.corral-ops.svc:9090/metrics"
-        assert api == "http://corral.corral-ops.svc:7780"
+        assert api == "http://corral-api.corral-ops.svc:7780"  # the active replica's pod only
 
     return check([cd.namespace, cd.service_name, cd.metrics_endpoint, cd.api_endpoint, cd.chart.urn, cd.api_token],
                  verify)

@@ -7,14 +7,19 @@ from types import SimpleNamespace
 
 import pytest
 
+from corral.operator.api.backend import Unavailable
 from corral.operator.api.kube_backend import KubeBackend, NotSupported
 from corral.operator.api.kube_server import ApiSettings
+from corral.operator.cache import Cache
+from corral.operator.leadership import Leadership
 from corral.operator.api.models import ClaimRequest
 
 
 def backend(claims=None):
-    idx = {"claims_idx": {("ns", c["metadata"]["name"]): [c] for c in claims or []}}
-    return KubeBackend(SimpleNamespace(), "ns", idx, lambda: True)
+    cache = Cache()
+    cache._idx = {"claims_idx": {("ns", c["metadata"]["name"]): [c] for c in claims or []}}
+    cache.bound_at = 1.0
+    return KubeBackend(SimpleNamespace(cache=cache, leadership=Leadership()), "ns")
 
 
 def claim_body(phase=None, **status):
@@ -78,3 +83,15 @@ def test_manifest_keeps_the_claim_alive_longer_than_the_wait():
     assert spec["poolRef"] == {"kind": "WarmPool", "name": "wp"} and spec["env"] == [{"name": "A", "value": "1"}]
     assert spec["timeoutSeconds"] == 300 and spec["lifecycle"]["shutdownPolicy"] == "Delete"
     assert spec["lifecycle"]["shutdownTime"].endswith("Z") and m["metadata"]["namespace"] == "ns"
+
+
+def test_a_standby_replica_refuses_with_503_and_says_why():
+    b = backend([claim_body("Bound")])
+    b.ctx.leadership.active, b.ctx.leadership.peering = False, "corral"
+    for call in (b.get_claim("c"), b.list_claims(), b.create_claim(ClaimRequest(pool="p")), b.delete_claim("c"),
+                 b.list_pools(), b.execd_target("c")):
+        with pytest.raises(Unavailable) as err:
+            asyncio.run(call)
+        assert err.value.status == 503 and "standby" in err.value.message and "'corral'" in err.value.message
+    b.ctx.leadership.active = True
+    assert asyncio.run(b.get_claim("c")).phase == "Ready"

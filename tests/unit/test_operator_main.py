@@ -24,3 +24,11 @@ def test_peered_replicas_get_distinct_priorities():
     assert len(prios) == 50
     assert [a for a in main.kopf_args(["--peering=corral", "--priority=7"]) if a.startswith("--priority")] == [
         "--priority=7"]
+
+
+def test_peer_identity_is_fixed_before_kopf_starts():
+    """Corral reads kopf's peering object to know whether this replica is the active one, so it must know kopf's
+    identity for itself: the pod's name under the chart, else a per-process one (two local replicas must differ)."""
+    assert main.peer_identity({"POD_ID": "given"}) == "given"
+    assert main.peer_identity({"CORRAL_POD_NAME": "corral-7d9-abcde"}) == "corral-7d9-abcde"
+    assert main.peer_identity({}) != main.peer_identity({})
