@@ -11,9 +11,7 @@
 # (or `minikube image load`, or push it to your registry and set the chart's image.repository/tag).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PY="$CORRAL_VENV/bin/python"
-[[ -x "$PY" ]] || die "no venv at $CORRAL_VENV: run scripts/setup.sh first"
-"$PY" -c 'import PyInstaller' 2>/dev/null || die "pyinstaller missing: pip install -e '.[dev]'"
+pyinstaller_python
 have docker || die "no docker CLI: run scripts/docker.sh engine"
 
 execd_key="$("$PY" -m corral.execd.bundle --key)"
@@ -22,9 +20,7 @@ key="$(cd "$REPO_DIR" && { cat "$0" api/*.py operator/*.py operator/reconcile/*.
         echo "$execd_key"; "$PY" -m pip freeze 2>/dev/null | grep -iE '^(kopf|lightkube|aiohttp|fastapi|uvicorn|pydantic|httpx)='; } \
         | sha256sum | cut -c1-16)"
 tag="corral/controller:$key"
-mkdir -p "$CORRAL_CACHE/controller"
-exec 9>"$CORRAL_CACHE/controller/.lock"
-flock -w 1800 9 || die "another controller image build holds $CORRAL_CACHE/controller/.lock"
+build_lock controller
 if docker image inspect "$tag" >/dev/null 2>&1 && [[ "${1:-}" != "--force" ]]; then
   docker tag "$tag" "corral/controller:$app_version"
   echo "$tag"

@@ -6,16 +6,12 @@
 #   $CORRAL_CACHE/execd/<key>/execd-bundle.tar         the same tree as a tar, for Docker put_archive at /
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PY="$CORRAL_VENV/bin/python"
-[[ -x "$PY" ]] || die "no venv at $CORRAL_VENV: run pip install -e '.[dev]' first"
-"$PY" -c 'import PyInstaller' 2>/dev/null || "$PY" -m pip install -q 'pyinstaller>=6.10' || die "pyinstaller missing"
+pyinstaller_python
 
 key="$("$PY" -m corral.execd.bundle --key)"
 out="$CORRAL_CACHE/execd/$key"
 tar="$out/execd-bundle.tar"
-mkdir -p "$CORRAL_CACHE/execd"
-exec 9>"$CORRAL_CACHE/execd/.lock"
-flock -w 1800 9 || die "another bundle build holds $CORRAL_CACHE/execd/.lock"
+build_lock execd
 if [[ -f "$tar" && "${1:-}" != "--force" ]]; then
   echo "$tar"
   exit 0

@@ -25,4 +25,18 @@ have() { command -v "$1" >/dev/null 2>&1; }
 tool_dir() { echo "$CORRAL_BIN/$1-$2"; }
 
 # Runs "$@" and prints how long it took.
+# The venv's python, with PyInstaller, for the offline bundle and image builds (sets PY).
+pyinstaller_python() {
+  PY="$CORRAL_VENV/bin/python"
+  [[ -x "$PY" ]] || die "no venv at $CORRAL_VENV: run scripts/setup.sh first"
+  "$PY" -c 'import PyInstaller' 2>/dev/null || "$PY" -m pip install -q 'pyinstaller>=6.10' || die "pyinstaller missing"
+}
+
+# One build of a kind at a time across processes: holds $CORRAL_CACHE/<kind>/.lock (fd 9) until the script exits.
+build_lock() {
+  mkdir -p "$CORRAL_CACHE/$1"
+  exec 9>"$CORRAL_CACHE/$1/.lock"
+  flock -w 1800 9 || die "another $1 build holds $CORRAL_CACHE/$1/.lock"
+}
+
 timed() { local t0=$SECONDS; "$@"; log "$1 took $((SECONDS - t0)) s"; }

@@ -6,16 +6,12 @@
 # bundled package versions; an image with that tag is a cache hit. Nothing is written into the repository.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PY="$CORRAL_VENV/bin/python"
-[[ -x "$PY" ]] || die "no venv at $CORRAL_VENV: run scripts/setup.sh first"
-"$PY" -c 'import PyInstaller' 2>/dev/null || die "pyinstaller missing: pip install -e '.[dev]'"
+pyinstaller_python
 have docker || die "no docker CLI: run scripts/docker.sh engine"
 
 key="$("$PY" -m corral.operator.docker.image --key)"
 tag="corral/operator:$key"
-mkdir -p "$CORRAL_CACHE/operator"
-exec 9>"$CORRAL_CACHE/operator/.lock"
-flock -w 1800 9 || die "another operator image build holds $CORRAL_CACHE/operator/.lock"
+build_lock operator
 if docker image inspect "$tag" >/dev/null 2>&1 && [[ "${1:-}" != "--force" ]]; then
   echo "$tag"
   exit 0
