@@ -46,23 +46,31 @@ async def resync(ctx: Context, catch_up: float = 30.0) -> None:
     t0 = time.monotonic()
     try:
         listed: dict[str, tuple[set[str], int]] = {}
-        for kind, labels in INDEXED.items():
-            items, rv = await ctx.kube.list_all(kind, labels)
+
+        async def list_kind(kind: str) -> None:
+            items, rv = await ctx.kube.list_all(kind, INDEXED[kind])
             listed[kind] = ({o["metadata"]["uid"] for o in items}, rv)
-        # 2. kopf's re-list catches up: every listed object is in its index (or was deleted since: then its DELETED
-        # event removes it, and the check passes too)
-        deadline = time.monotonic() + catch_up
+
+        for kind in INDEXED:
+            await list_kind(kind)
+        # 2. kopf's re-list catches up: every listed object is in its index. An object deleted after our listing
+        # may never reach it: a kind still missing objects is listed again every 2 s (bounded, takeover only).
+        deadline, relist = time.monotonic() + catch_up, time.monotonic() + 2
         while True:
             missing = {kind: len(uids - {uid_of(v) for v in ctx.cache.all_objects(kind)})
                        for kind, (uids, _) in listed.items()}
             if not any(missing.values()) or time.monotonic() > deadline:
                 break
+            if time.monotonic() > relist:
+                for kind in [k for k, n in missing.items() if n]:
+                    await list_kind(kind)
+                relist = time.monotonic() + 2
             await asyncio.sleep(0.05)
         if any(missing.values()):
             log.warning("resume: kopf's indices still miss %s after %.0fs; going on", missing, catch_up)
-        # 3. ghosts: indexed, not listed, not newer than the listing
+        # 3. ghosts: indexed, not listed, not newer than the listing (no listing version: no verdict)
         ghosts = {uid_of(v) for kind, (uids, rv) in listed.items() for v in ctx.cache.all_objects(kind)
-                  if uid_of(v) not in uids and (rv == 0 or _rv(v) <= rv)}
+                  if uid_of(v) not in uids and rv and _rv(v) <= rv}
         ctx.cache.hide(ghosts)
         log.info("resume: indices checked against the server in %.2fs (%d objects deleted during the pause "
                  "hidden)", time.monotonic() - t0, len(ghosts))

@@ -99,3 +99,46 @@ def test_lazy_adoption_order_is_the_full_order():
         full = [m.name for m in sorted(ready, key=lambda m: (m.blueprint_hash == "new", -per_node[m.node],
                                                              m.created, m.name))]
         assert lazy == full
+
+
+class FakeKube:
+    """list_all over a mutable 'server' (kind -> bodies), counting calls."""
+
+    def __init__(self, server: dict[str, list[dict]], rv: int) -> None:
+        self.server, self.rv, self.lists = server, rv, 0
+
+    async def list_all(self, kind, labels=None):
+        self.lists += 1
+        return list(self.server.get(kind, [])), self.rv
+
+
+def test_resume_waits_for_the_relist_hides_ghosts_and_redoes_everything():
+    from types import SimpleNamespace
+
+    from corral.operator.leadership import Leadership
+    from corral.operator.resync import resync
+
+    pool = {"corral.dev/pool": "wp", "corral.dev/pool-kind": "WarmPool"}
+    kept, ghost = body("Sandbox", "kept", "u-kept", pool), body("Sandbox", "ghost", "u-ghost", pool)
+    newer = body("Sandbox", "newer", "u-newer", pool)
+    newer["metadata"]["resourceVersion"] = "99"  # created after the listing: not a ghost
+    late = body("Sandbox", "late", "u-late", pool)  # on the server, not yet re-listed by kopf
+    cache = cache_of([], [kept, ghost, newer])
+    requested: list[tuple[str, str, str]] = []
+
+    async def main() -> None:
+        queue = WorkQueue(lambda key: asyncio.sleep(0))
+        queue.hold()
+        ctx = SimpleNamespace(kube=FakeKube({"Sandbox": [kept, late]}, rv=50), cache=cache, queue=queue,
+                              leadership=Leadership(), request=lambda *key: requested.append(key))
+        task = asyncio.create_task(resync(ctx))
+        await asyncio.sleep(0.2)
+        assert not task.done() and queue.held  # waits for kopf's re-list to bring "late"
+        for k, v in sandbox_keys("ns", "late", pool, late).items():
+            cache._idx["sandboxes_idx"].setdefault(k, []).append(v)
+        await asyncio.wait_for(task, 5)
+        assert not queue.held
+
+    asyncio.run(main())
+    assert sorted(m.name for m in cache.members("ns", "WarmPool", "wp")) == ["kept", "late", "newer"]
+    assert sorted(name for kind, _, name in requested if kind == "Sandbox") == ["kept", "late", "newer"]
