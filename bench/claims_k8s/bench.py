@@ -221,10 +221,10 @@ def main() -> None:
             break
         except Exception:  # noqa: BLE001
             time.sleep(0.2)
-    # A previous run's namespace (1,000 sandboxes and pods) may still be terminating: its deletion events would land
-    # in this run's figures (and in the operator's RSS). Start on a quiet cluster.
+    # A previous run's namespace (1,000 sandboxes and pods), or a test run's, may still be terminating: its deletion
+    # events would land in this run's figures (and in the operator's RSS). Start on a quiet cluster.
     for _ in range(600):
-        if not [n for n in client.list(Namespace) if n.metadata.name.startswith(("bench-", "perf-"))]:
+        if not [n for n in client.list(Namespace) if n.metadata.name.startswith(("bench-", "perf-", "t-", "api-"))]:
             break
         time.sleep(1)
     ns = f"bench-{uuid.uuid4().hex[:6]}"
