@@ -115,6 +115,8 @@ class Context:
     # (kind, ns, pool) -> wall time of its last status write
     status_written: dict[tuple[str, str, str], float] = field(default_factory=dict)
     _http: httpx.AsyncClient | None = None
+    # namespace -> when a create in it was refused because it is being deleted (see `terminating_since`)
+    terminating: dict[str, float] = field(default_factory=dict)
     # (ns, template) -> (uid, generation, validated spec, blueprint hash): see `template_spec`
     _templates: dict[tuple[str, str], tuple[str, Any, SandboxTemplateSpec, str]] = field(default_factory=dict)
     # one lock per Pool: its capacity check and creates (refill or a claim's cold start) never interleave
@@ -142,6 +144,19 @@ class Context:
         bp_hash = blueprint_hash(spec)
         self._templates[key] = (*version, spec, bp_hash)
         return spec, bp_hash
+
+    def namespace_terminating(self, ns: str, now: float) -> None:
+        """A create in `ns` was refused: the namespace is being deleted (its sandboxes' pods are going first)."""
+        self.terminating.setdefault(ns, now)
+        for other, since in list(self.terminating.items()):
+            if now - since > 600:  # long gone (or re-created: newer sandboxes are never skipped anyway)
+                del self.terminating[other]
+
+    def terminating_since(self, ns: str, created: float) -> bool:
+        """Whether a sandbox created at `created` sits in a namespace seen being deleted after it was made: repairing
+        its pod would only be refused (one GET and one create per sandbox, thousands in a big namespace)."""
+        since = self.terminating.get(ns)
+        return since is not None and created <= since
 
     def __post_init__(self) -> None:
         self.token_key = (self.settings.token_secret or secrets.token_hex(32)).encode()

@@ -11,6 +11,7 @@ from corral.api import CorralValidationError, PoolSpec, WarmPoolSpec, validate
 
 from .. import metrics
 from ..builders import owner_ref, sandbox_labels, sandbox_manifest
+from ..cache import _ts
 from ..constants import L_CLAIM, L_POOL, L_POOL_KIND
 from ..context import Context
 from ..kube import ignore, status_code
@@ -69,6 +70,8 @@ async def _load(ctx: Context, kind: str, model: type, ns: str, name: str) -> tup
     body = ctx.cache.pool_of_kind(ns, kind, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
+    if ctx.terminating_since(ns, _ts(body["metadata"].get("creationTimestamp"))):
+        return None  # its namespace is being deleted: nothing to refill, no status worth writing
     try:
         spec = validate(model, body["spec"])
     except CorralValidationError as exc:
@@ -167,6 +170,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     }
     _gauges(ns, name, spec.replicas, ready, len(kept), len(members) - len(idle))
     await _write_status(ctx, "WarmPool", body, status, desired, now)
+    _note_terminating(ctx, ns, error)
     if error is not None and status_code(error) not in (403, 422):
         raise error  # transient: retried with backoff by the queue (403/422 are reported in the status instead)
 
@@ -189,6 +193,11 @@ async def _write_status(ctx: Context, kind: str, body: dict[str, Any], status: d
         return
     await ctx.kube.patch(kind, name, ns, {"status": desired}, status=True)
     ctx.status_written[(kind, ns, name)] = now
+
+
+def _note_terminating(ctx: Context, ns: str, error: Exception | None) -> None:
+    if error is not None and status_code(error) == 403 and "being terminated" in str(error):
+        ctx.namespace_terminating(ns, time.time())
 
 
 WAITING_FOR_POOL = ("PoolNotFound", "TemplateNotFound")
@@ -274,6 +283,7 @@ async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
         for c in ctx.cache.claims_for(ns, "Pool", name):
             if (c.get("status") or {}).get("phase") == "Pending":
                 ctx.request("SandboxClaim", ns, c["metadata"]["name"])
+    _note_terminating(ctx, ns, error)
     if error is not None and status_code(error) not in (403, 422):
         raise error
 

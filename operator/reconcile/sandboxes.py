@@ -74,6 +74,8 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
     pod = ctx.cache.pod(ns, name)
     if pod is not None:
         ctx.pod_creates.pop(key, None)
+    elif ctx.terminating_since(ns, _ts(meta.get("creationTimestamp"))):
+        return  # its namespace is being deleted: no pod to repair, no status worth writing
     suspended = spec.get("operatingMode") == "Suspended"
     if suspended:
         if pod is not None and not pod.deleting:
@@ -87,6 +89,7 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
                 await _create_pod(ctx, body)
             except ApiError as exc:
                 if status_code(exc) == 403 and "being terminated" in str(exc):
+                    ctx.namespace_terminating(ns, now)
                     return  # the namespace is going away with everything in it: nothing to repair
                 raise
             ctx.pod_creates[key] = now
