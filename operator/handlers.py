@@ -100,16 +100,15 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
 async def _follow_peering(context: Context, settings: kopf.OperatorSettings) -> None:
     """Track whether this replica is the active one (see corral.operator.leadership) and mark its pod accordingly."""
     peering = settings.peering
+    context.leadership.on_change(lambda active: _hold_or_resync(context, active))
+    context.leadership.on_change(lambda _active: _mark_pod(context))
     if peering.mandatory and not peering.standalone:
         if peering.clusterwide:
-            context.leadership.start(context.kube.client, name=peering.name, clusterwide=True, namespace=None,
-                                     me=os.environ.get("POD_ID", ""), priority=peering.priority)
+            context.leadership.start(context.kube.client, name=peering.name, me=os.environ.get("POD_ID", ""),
+                                     priority=peering.priority)
         else:
             log.warning("namespaced kopf peering: the claims API does not follow it (run cluster-wide, the default)")
-    context.leadership.on_change(lambda active: _hold_or_resync(context, active))
-    if own_pod() is not None:
-        context.leadership.on_change(lambda active: _mark_pod(context, active))
-        await _mark_pod(context, context.leadership.active)
+    await _mark_pod(context)
 
 
 def _hold_or_resync(context: Context, active: bool) -> None:
@@ -129,14 +128,20 @@ def _hold_or_resync(context: Context, active: bool) -> None:
         context.queue.release()
 
 
-async def _mark_pod(context: Context, active: bool) -> None:
-    """Label (or unlabel) this replica's pod as the one the claims API Service routes to."""
+_MARKING = asyncio.Lock()
+
+
+async def _mark_pod(context: Context) -> None:
+    """Label (or unlabel) this replica's pod as the one the claims API Service routes to, as it is now: one patch at
+    a time, each writing the state current when it starts, so the last one written is the last state."""
     if (pod := own_pod()) is None:
         return
-    try:
-        await context.kube.patch("Pod", pod[1], pod[0], pod_label_patch(active))
-    except Exception as exc:  # noqa: BLE001 - the API Service then misses or keeps this replica until the next change
-        log.warning("could not mark pod %s/%s as %s: %s", pod[0], pod[1], "active" if active else "standby", exc)
+    async with _MARKING:
+        active = context.leadership.active
+        try:
+            await context.kube.patch("Pod", pod[1], pod[0], pod_label_patch(active))
+        except Exception as exc:  # noqa: BLE001 - the Service then misses or keeps this replica until the next change
+            log.warning("could not mark pod %s/%s as %s: %s", pod[0], pod[1], "active" if active else "standby", exc)
 
 
 @kopf.on.cleanup()
@@ -148,7 +153,8 @@ async def cleanup(**_: Any) -> None:
     if context is not None:
         await context.leadership.stop()
         if context.leadership.active:
-            await _mark_pod(context, False)  # leave the claims API Service at once, not when the pod is gone
+            context.leadership.active = False
+            await _mark_pod(context)  # leave the claims API Service at once, not when the pod is gone
         if context.queue:
             await context.queue.stop()
         await context.kube.close()

@@ -21,14 +21,13 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.generic_resource import create_global_resource
 
 from .constants import L_CLAIMS_API
 
 log = logging.getLogger("corral.operator.leadership")
 
 ClusterKopfPeering = create_global_resource("kopf.dev", "v1", "ClusterKopfPeering", "clusterkopfpeerings")
-KopfPeering = create_namespaced_resource("kopf.dev", "v1", "KopfPeering", "kopfpeerings")
 
 
 def decide(status: Mapping[str, Any], me: str, priority: int, now: datetime) -> tuple[bool, float | None]:
@@ -71,15 +70,13 @@ class Leadership:
             if asyncio.iscoroutine(result):
                 await result
 
-    def start(self, client: Any, *, name: str, clusterwide: bool, namespace: str | None, me: str,
-              priority: int) -> None:
-        """Start observing the peering object `name` (a ClusterKopfPeering, or a KopfPeering in `namespace`).
-
-        Standby until the first observation: a replica starting next to an active one must not serve meanwhile."""
+    def start(self, client: Any, *, name: str, me: str, priority: int) -> None:
+        """Start observing the ClusterKopfPeering `name` (cluster-wide peering: what `python -m corral.operator`
+        runs unless given namespaces). Standby until the first observation: a replica starting next to an active one
+        must not serve meanwhile."""
         self.peering = name
         self.active = False
-        self._task = asyncio.create_task(self._observe(client, name, clusterwide, namespace, me, priority),
-                                         name="corral-leadership")
+        self._task = asyncio.create_task(self._observe(client, name, me, priority), name="corral-leadership")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -89,20 +86,19 @@ class Leadership:
             except asyncio.CancelledError:
                 pass
 
-    async def _observe(self, client: Any, name: str, clusterwide: bool, namespace: str | None, me: str,
-                       priority: int) -> None:
-        kind = ClusterKopfPeering if clusterwide else KopfPeering
-        ns = None if clusterwide else namespace
+    async def _observe(self, client: Any, name: str, me: str, priority: int) -> None:
         status: Mapping[str, Any] = {}
         recheck: asyncio.Task[None] | None = None
+        lock = asyncio.Lock()  # one evaluation at a time: listeners see the changes in order
 
         async def evaluate() -> None:
             nonlocal recheck
-            active, wait = decide(status, me, priority, datetime.now(UTC))
-            await self._set(active)
-            if recheck is not None and recheck is not asyncio.current_task():
-                recheck.cancel()
-            recheck = asyncio.create_task(later(wait + 0.05)) if wait is not None else None
+            async with lock:
+                active, wait = decide(status, me, priority, datetime.now(UTC))
+                await self._set(active)
+                if recheck is not None and recheck is not asyncio.current_task():
+                    recheck.cancel()
+                recheck = asyncio.create_task(later(wait + 0.05)) if wait is not None else None
 
         async def later(delay: float) -> None:
             await asyncio.sleep(delay)
@@ -110,7 +106,7 @@ class Leadership:
 
         while True:
             try:
-                async for _event, obj in client.watch(kind, namespace=ns, fields={"metadata.name": name}):
+                async for _event, obj in client.watch(ClusterKopfPeering, fields={"metadata.name": name}):
                     body = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
                     status = body.get("status") or {}
                     await evaluate()
