@@ -70,7 +70,7 @@ def test_existing_stack_example_up_and_removing_corral_leaves_the_host_program(p
         run("up", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview")
         out = json.loads(run("stack", "output", "--stack", STACK, "--json").stdout)
         assert out["corralNamespace"] == "corral-system" and out["warmPool"] == "python-warm"
-        assert out["claimsApi"].startswith("http://corral.corral-system.svc:")
+        assert out["claimsApi"].startswith("http://corral-api.corral-system.svc:")  # the active replica only
 
         # Both programs' objects are on the cluster.
         settings = kube.get(ConfigMap, "platform-settings", namespace="platform-apps")

@@ -219,8 +219,8 @@ def test_config_pulumi_writes_the_file_from_stack_outputs(tmp_path, monkeypatch)
     assert "http://127.0.0.1:7780" in shown.output and "T0K" not in shown.output
     with pytest.raises(cfg.ConfigError, match=r"does not export apiUrl \(or apiEndpoint\) and apiToken"):
         cfg.from_pulumi_outputs({"mode": "kubernetes", "namespace": "x"}, "dev")
-    kube = {"mode": "kubernetes", "apiEndpoint": "http://corral.corral-system.svc:7780", "apiToken": "K"}
-    assert cfg.from_pulumi_outputs(kube, "dev") == ("http://corral.corral-system.svc:7780", "K")
+    kube = {"mode": "kubernetes", "apiEndpoint": "http://corral-api.corral-system.svc:7780", "apiToken": "K"}
+    assert cfg.from_pulumi_outputs(kube, "dev") == ("http://corral-api.corral-system.svc:7780", "K")
     assert cfg.from_pulumi_outputs(kube, "dev", "http://127.0.0.1:7780") == ("http://127.0.0.1:7780", "K")
 
 
