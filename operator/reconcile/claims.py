@@ -334,8 +334,9 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
             await finish(ctx, body, "Finished", "ShutdownTime", f"shut down at shutdownTime ({policy})")
             return
         if expected and await _still_there(ctx, ns, expected, name):
-            # The index is behind the cluster (a replica resuming after a peering pause re-lists claims before
-            # sandboxes): the sandbox's own watch event will bring the claim back; check again soon regardless.
+            # The index is behind the cluster: kopf re-lists one watch stream at a time (after a 410 Gone, say), so
+            # claims can be current while sandboxes are not. (A takeover is covered by corral.operator.resync.) The
+            # sandbox's own watch event will bring the claim back; check again soon regardless.
             ctx.request_at("SandboxClaim", ns, name, now + 1.0)
             return
         await finish(ctx, body, "Failed", "SandboxLost",

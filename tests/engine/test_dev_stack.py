@@ -4,15 +4,15 @@ exactly one change in `pulumi preview --diff`; destroy leaves nothing behind."""
 
 import json
 from pathlib import Path
-import time
 
 import pytest
-from lightkube import ApiError
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Namespace, Secret, ServiceAccount
+from lightkube.resources.core_v1 import Secret, ServiceAccount
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+
+from engineutil import wait_namespace_gone
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 
@@ -74,15 +74,7 @@ def test_dev_stack_up_is_stable_and_destroy_cleans_up(pulumi_cli, kube_cluster, 
         run("destroy", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview")
         crds = {c.metadata.name for c in kube.list(CustomResourceDefinition)}
         assert not (CORRAL_CRDS & crds), crds
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                kube.get(Namespace, "corral-sandboxes")
-            except ApiError as exc:
-                assert exc.status.code == 404
-                break
-            assert time.monotonic() < deadline, "namespace corral-sandboxes still exists"
-            time.sleep(0.5)
+        wait_namespace_gone(kube, "corral-sandboxes", 60)
     finally:
         run("destroy", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview", check=False)
         run("stack", "rm", "dev", "--yes", "--force", "--non-interactive", check=False)

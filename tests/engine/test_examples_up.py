@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from lightkube import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import ConfigMap, Namespace
+
+from engineutil import gone
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 EXAMPLE = REPO / "examples" / "existing-stack"
@@ -33,15 +34,6 @@ CORRAL_NAMESPACES = ("corral-system", "agent-sandboxes")
 
 def urn(typ: str, name: str) -> str:
     return f"urn:pulumi:{STACK}::{PROJECT}::{typ}::{name}"
-
-
-def gone(kube, res, name: str, namespace: str | None = None) -> bool:
-    try:
-        obj = kube.get(res, name, namespace=namespace) if namespace else kube.get(res, name)
-    except ApiError as exc:
-        assert exc.status.code == 404, exc
-        return True
-    return False
 
 
 def wait_gone(kube, res, name: str, seconds: float = 120) -> None:

@@ -13,20 +13,19 @@ import dataclasses
 import inspect
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from lightkube import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Namespace
 
 import corral.components as components
 from corral.components.provider import describe
 from pulumi.provider.experimental.util import camel_case
+
+from engineutil import wait_namespace_gone
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 PROVIDER = REPO / "components" / "provider"
@@ -152,15 +151,7 @@ def test_package_add_then_a_program_uses_the_components_through_the_provider(pul
 
         run("destroy", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview")
         assert "warmpools.corral.dev" not in {c.metadata.name for c in kube.list(CustomResourceDefinition)}
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                kube.get(Namespace, "remote-system")
-            except ApiError as exc:
-                assert exc.status.code == 404
-                break
-            assert time.monotonic() < deadline, "namespace remote-system still exists"
-            time.sleep(0.5)
+        wait_namespace_gone(kube, "remote-system", 120)
     finally:
         run("destroy", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview", check=False)
         run("stack", "rm", "dev", "--yes", "--force", "--non-interactive", check=False)

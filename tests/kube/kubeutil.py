@@ -109,13 +109,18 @@ def apply_crd(kube, crd: dict[str, Any]) -> bool:
 
 
 
-def sandbox_or_none(kube, ns: str, name: str):
-    """The Sandbox, or None once it is gone."""
+def get_or_none(kube, res, ns: str, name: str):
+    """The object, or None once it is gone (404)."""
     from lightkube import ApiError
 
     try:
-        return kube.get(Sandbox, name, namespace=ns)
+        return kube.get(res, name, namespace=ns)
     except ApiError as exc:
         if exc.status.code == 404:
             return None
         raise
+
+
+def sandbox_or_none(kube, ns: str, name: str):
+    """The Sandbox, or None once it is gone."""
+    return get_or_none(kube, Sandbox, ns, name)

@@ -8,7 +8,8 @@ import pytest
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Pod
 
-from kubeutil import Pool, Sandbox, SandboxClaim, bound, claim, claim_status, pool, status, template, wait_until
+from kubeutil import (Pool, Sandbox, SandboxClaim, bound, claim, claim_status, pool, sandbox_or_none, status, template,
+                      wait_until)
 
 pytestmark = pytest.mark.kube
 
@@ -98,12 +99,7 @@ def test_recycle_strategies(kube, operator, ns, strategy):
     kube.delete(SandboxClaim, "c", namespace=ns)
 
     def sandbox():
-        try:
-            return kube.get(Sandbox, name, namespace=ns)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
+        return sandbox_or_none(kube, ns, name)
 
     if strategy == "Delete":
         wait_until(lambda: sandbox() is None, 30, what="released sandbox deleted")

@@ -1,22 +1,16 @@
 """Template: the managed default NetworkPolicy, Unmanaged removal, and foreign policies left alone."""
 
 import pytest
-from lightkube import ApiError
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.types import PatchType
 
-from kubeutil import SandboxTemplate, status, template, wait_until
+from kubeutil import SandboxTemplate, get_or_none, status, template, wait_until
 
 pytestmark = pytest.mark.kube
 
 
 def get_np(kube, ns, name):
-    try:
-        return kube.get(NetworkPolicy, name, namespace=ns)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
+    return get_or_none(kube, NetworkPolicy, ns, name)
 
 
 def test_managed_default_policy_then_unmanaged(kube, operator, ns):
