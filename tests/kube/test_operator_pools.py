@@ -5,11 +5,10 @@ import threading
 import time
 
 import pytest
-from lightkube import ApiError
 from lightkube.resources.core_v1 import Pod
 
-from kubeutil import (Pool, Sandbox, SandboxClaim, bound, claim, claim_status, pool, sandbox_or_none, status, template,
-                      wait_until)
+from kubeutil import (Pool, Sandbox, SandboxClaim, bound, claim, claim_status, get_or_none, pool, sandbox_or_none,
+                      status, template, wait_until)
 
 pytestmark = pytest.mark.kube
 
@@ -120,12 +119,7 @@ def test_recycle_strategies(kube, operator, ns, strategy):
 
 
 def _pod(kube, ns, name):
-    try:
-        return kube.get(Pod, name, namespace=ns)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
+    return get_or_none(kube, Pod, ns, name)
 
 
 def test_allocated_pod_deleted_is_replaced_and_lost_sandbox_fails_the_claim(kube, operator, ns):
