@@ -11,6 +11,7 @@ from typing import Any
 from corral.api import SandboxBlueprint
 from corral.api.template import SandboxTemplateSpec
 from corral.execd.inject import k8s_init_container, wrap_entrypoint
+from corral.execd.wire import HEALTH_PATH
 
 from .constants import (
     API_VERSION, L_CLAIM, L_COMPONENT, L_HASH, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX,
@@ -108,8 +109,8 @@ def pod_manifest(
     """The pod of a Sandbox: its pod template with execd injected and Corral's secure defaults applied.
 
     execd is copied by an init container into an emptyDir and started in the main container in front of the
-    original command (corral.execd.inject), so commands run in the sandbox's own filesystem. Its /health
-    endpoint is the readiness probe. Secure defaults (each overridable by the template): no service-account token,
+    original command (corral.execd.inject), so commands run in the sandbox's own filesystem. Its health
+    endpoint (corral.execd.wire.HEALTH_PATH, no token) is the readiness probe. Secure defaults (each overridable by the template): no service-account token,
     non-root (uid 1000), seccomp RuntimeDefault, no privilege escalation, all capabilities dropped.
     """
     meta = sandbox["metadata"]
@@ -162,7 +163,7 @@ def pod_manifest(
     if not any(p.get("containerPort") == port for p in ports):
         ports.append({"name": "execd", "containerPort": port, "protocol": "TCP"})
     main.setdefault("readinessProbe", {
-        "httpGet": {"path": "/health", "port": port},
+        "httpGet": {"path": HEALTH_PATH, "port": port},
         "periodSeconds": 2, "failureThreshold": 3, "timeoutSeconds": 1,
     })
     for c in pod_spec["containers"]:
