@@ -4,6 +4,8 @@
 #   scripts/docker.sh engine     install Debian's docker.io if needed and start dockerd when no engine answers
 #   scripts/docker.sh images     corral/base:<suite> (debootstrap minbase) and corral/python:<suite> (+ python3)
 #   scripts/docker.sh all        both (default)
+#   scripts/docker.sh netbase    corral/netbase:<suite> (+ iptables, ipset, conntrack, nftables): the kind node's
+#                                kube-proxy and kube-router images start from it
 #
 # No image can be pulled here, so base images are built with debootstrap + `docker import` (about a minute each)
 # and kept as .tar.gz in $CORRAL_CACHE/images; a new engine gets them back with `docker load` in seconds.
@@ -70,9 +72,15 @@ images() {
   build_image python "python3" '["python3"]'
 }
 
+# The base of the kind node's kube-proxy and kube-router images (scripts/kind-node.sh): iptables and friends.
+netbase() {
+  build_image netbase "iptables,ipset,conntrack,nftables,iproute2" '["/bin/bash"]'
+}
+
 case "${1:-all}" in
   engine) engine ;;
   images) images ;;
   all) engine; images ;;
-  *) die "usage: scripts/docker.sh [engine|images|all]" ;;
+  netbase) netbase ;;
+  *) die "usage: scripts/docker.sh [engine|images|all|netbase]" ;;
 esac

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for Corral: the Python venv, a Docker Engine with the base images, and the test bed's
-# tools built from Go modules (Pulumi CLI + language host + kubernetes provider, kube-apiserver & co, etcd, kwok).
+# Sets up a fresh machine for Corral's main job, the local Docker stack (`pulumi up --stack local`): the Python venv,
+# a Docker Engine with the base images, the Pulumi CLI and its Python language host (built from Go modules), the
+# execd bundle and the Docker-mode operator image. Nothing else: the test bed's tools (Kubernetes, kind, helm, the
+# Kubernetes provider) are built by scripts/testbed.sh, which the test command runs.
 # Idempotent: everything is cached outside the repo ($CORRAL_CACHE, default ~/.cache/corral) keyed by version, so a
-# second run is a cache hit. Cold, on 2 cores, expect ~45 minutes (mostly Go compiles); warm, well under 2 minutes.
+# second run is a cache hit. Cold, on 2 cores, expect ~12 minutes (mostly the Pulumi CLI's Go build); warm, seconds.
 source "$(dirname "$0")/lib.sh"
 t0=$SECONDS
 
@@ -22,19 +24,11 @@ fi
 # 2. Docker Engine (Debian's docker.io, started if none answers) and the debootstrap base images.
 "$SCRIPTS_DIR/docker.sh" all
 
-# 3. Go-built tools, one at a time (2 cores).
+# 3. The Pulumi CLI and Corral's Python language host, from Go modules.
 have openssl || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
-have tmux || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }   # docker tier: drives `corral shell`
-"$SCRIPTS_DIR/toolchain.sh" all
+"$SCRIPTS_DIR/toolchain.sh" pulumi
 
-# 4. The execd bundle (a self-contained daemon injected into sandboxes).
-if [[ -x "$SCRIPTS_DIR/execd-bundle.sh" ]]; then "$SCRIPTS_DIR/execd-bundle.sh"; fi
-"$SCRIPTS_DIR/operator-image.sh" >/dev/null   # the Docker-mode operator image (corral/operator:<key>)
-
-# 5. Pulumi plugins where the CLI finds them without downloading.
-eval "$("$SCRIPTS_DIR/env.sh")"
-if ! pulumi plugin ls 2>/dev/null | grep -qE "^kubernetes +resource +$PULUMI_K8S_VERSION"; then
-  pulumi plugin install resource kubernetes "$PULUMI_K8S_VERSION" \
-    --file "$(tool_dir pulumi-resource-kubernetes "$PULUMI_K8S_VERSION")/pulumi-resource-kubernetes" >/dev/null
-fi
+# 4. The execd bundle (a self-contained daemon injected into sandboxes) and the Docker-mode operator image.
+"$SCRIPTS_DIR/execd-bundle.sh" >/dev/null
+"$SCRIPTS_DIR/operator-image.sh" >/dev/null   # corral/operator:<key>
 log "setup done in $((SECONDS - t0)) s. Use the tools with: eval \"\$(scripts/env.sh)\""

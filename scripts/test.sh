@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test tier (unit, execd, docker, kube, engine) after making sure the machine is set up.
+# Runs every test tier (unit, execd, docker, engine, kube, cluster) after making sure the machine is set up and the
+# test bed is built (scripts/testbed.sh: setup.sh, then the Kubernetes tools, kind and its node image).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m kube` for one tier.
 source "$(dirname "$0")/lib.sh"
-"$SCRIPTS_DIR/setup.sh"
+"$SCRIPTS_DIR/testbed.sh"
 cd "$REPO_DIR"
 eval "$("$SCRIPTS_DIR/env.sh")"
 set +e

@@ -3,6 +3,7 @@
 # $CORRAL_CACHE/bin/<tool>-<version>/. A tool whose binaries exist is skipped (cache hit). Never writes to the repo.
 #
 #   scripts/toolchain.sh [etcd|kwok|kube|helm|pulumi|k8s-provider|all]...     (default: all)
+#   scripts/toolchain.sh [kube-node|kind|crictl|coredns|kube-router|kind-all]  (the cluster tier's kind node)
 #
 # Why wrappers: `go install m@v` refuses modules with replace directives (golang/go#44840), which pulumi, k8s and
 # etcd all have. A throwaway module requires the module, repeats its non-path replaces and turns path replaces into
@@ -63,33 +64,61 @@ build_helm() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
-build_kube() {
-  local out; out="$(tool_dir kubernetes "$KUBE_VERSION")"
-  [[ -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/kube-scheduler" && -x "$out/kubectl" ]] \
-    && { log "kubernetes $KUBE_VERSION: cached"; return; }
-  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $KUBE_VERSION"
+# The wrapper module for k8s.io/kubernetes in $WORK/kube: every ./staging/src/k8s.io/X replace becomes the published
+# k8s.io/X v0.<minor>.<patch>.
+kube_wrapper() {
   wrapper kube
-  local gm minor="${KUBE_VERSION#*.}"; minor="${minor%%.*}"
+  local gm
   gm="$(gomod_of "k8s.io/kubernetes@v$KUBE_VERSION")"
   go mod edit -require="k8s.io/kubernetes@v$KUBE_VERSION"
-  # Every ./staging/src/k8s.io/X replace becomes the published k8s.io/X v0.<minor>.<patch>.
   go mod edit -json "$gm" | python3 -c '
 import json, sys
 for r in json.load(sys.stdin).get("Replace") or []:
     if r["New"]["Path"].startswith("./staging/"):
         print("-replace=%s=%s@%s" % (r["Old"]["Path"], r["Old"]["Path"], sys.argv[1]))' "v0.${KUBE_VERSION#*.}" | xargs go mod edit
   grep -E '^godebug' "$gm" >> go.mod || true
+}
+
+kube_ldflags() {
+  local ld="-s -w" kv minor="${KUBE_VERSION#*.}"; minor="${minor%%.*}"
+  for kv in "gitVersion=v$KUBE_VERSION" "gitMajor=1" "gitMinor=$minor" "gitTreeState=clean" "buildDate=$(date -u +%Y-%m-%dT00:00:00Z)"; do
+    ld+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
+  done
+  echo "$ld"
+}
+
+build_kube() {
+  local out; out="$(tool_dir kubernetes "$KUBE_VERSION")"
+  [[ -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/kube-scheduler" && -x "$out/kubectl" ]] \
+    && { log "kubernetes $KUBE_VERSION: cached"; return; }
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $KUBE_VERSION"
+  kube_wrapper
   local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
               k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
   go get "${pkgs[@]/%/@v$KUBE_VERSION}"
-  local ld="-s -w" k v now; now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  for kv in "gitVersion=v$KUBE_VERSION" "gitMajor=1" "gitMinor=$minor" "gitTreeState=clean" "buildDate=$now"; do
-    ld+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
-  done
   mkdir -p "$out.tmp"
   for p in "${pkgs[@]}"; do
     log "  go build $p"
-    go build -trimpath -ldflags "$ld" -o "$out.tmp/" "$p"
+    go build -trimpath -ldflags "$(kube_ldflags)" -o "$out.tmp/" "$p"
+  done
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+# kubelet, kubeadm and kube-proxy for the kind node image (scripts/kind-node.sh): the same wrapper module and
+# ldflags as build_kube, so the Go build cache is shared; kept in a folder of their own because only the cluster
+# tier needs them.
+build_kube_node() {
+  local out; out="$(tool_dir kubernetes-node "$KUBE_VERSION")"
+  [[ -x "$out/kubelet" && -x "$out/kubeadm" && -x "$out/kube-proxy" ]] \
+    && { log "kubelet, kubeadm, kube-proxy $KUBE_VERSION: cached"; return; }
+  log "building kubelet, kubeadm, kube-proxy $KUBE_VERSION"
+  kube_wrapper
+  local pkgs=(k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kube-proxy)
+  go get "${pkgs[@]/%/@v$KUBE_VERSION}"
+  mkdir -p "$out.tmp"
+  for p in "${pkgs[@]}"; do
+    log "  go build $p"
+    go build -trimpath -ldflags "$(kube_ldflags)" -o "$out.tmp/" "$p"
   done
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
@@ -155,11 +184,84 @@ for r in json.load(sys.stdin).get("Replace") or []:
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
+# kind, patched so it can start nodes where `--privileged` is refused (scripts/kind/unprivileged.go; only when
+# CORRAL_KIND_UNPRIVILEGED=1, which scripts/kind.sh sets after probing the engine; otherwise it is stock kind).
+build_kind() {
+  local out; out="$(tool_dir kind "$KIND_VERSION")"
+  local sum; sum="$(cat "$SCRIPTS_DIR/kind/unprivileged.go" | sha256sum | cut -c1-12)"
+  [[ -x "$out/kind" && -f "$out/.patch-$sum" ]] && { log "kind $KIND_VERSION: cached"; return; }
+  log "building kind $KIND_VERSION (with the unprivileged-node patch)"
+  wrapper kind
+  local mod=sigs.k8s.io/kind src
+  src="$(dir_of "$mod@v$KIND_VERSION")"
+  cp -r "$src" kind && chmod -R u+w kind
+  local p=kind/pkg/cluster/internal/providers/docker
+  cp "$SCRIPTS_DIR/kind/unprivileged.go" "$p/corral_unprivileged.go"
+  grep -q 'return append(args, node.Image), nil' "$p/provision.go" || die "kind's provision.go changed: update the patch"
+  sed -i 's|return append(args, node.Image), nil|return append(unprivileged(args), node.Image), nil|' "$p/provision.go"
+  grep -q 'cmd = exec.CommandContext(c.ctx, "docker", args...)' "$p/node.go" || die "kind's node.go changed: update the patch"
+  sed -i 's|\tvar cmd exec.Cmd$|\targs = unprivileged(args)\n\tvar cmd exec.Cmd|' "$p/node.go"
+  grep -q 'args = unprivileged(args)' "$p/node.go" || die "patching kind's node.go failed"
+  go mod edit -require="$mod@v$KIND_VERSION" -replace="$mod=./kind"
+  cat >main.go <<'GO'
+package main
+
+import "sigs.k8s.io/kind/cmd/kind/app"
+
+func main() { app.Main() }
+GO
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  mkdir -p "$out.tmp"
+  go build -trimpath -ldflags "-s -w" -o "$out.tmp/kind" .
+  touch "$out.tmp/.patch-$sum"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+# crictl: kind's `load` and kubeadm look images up with it inside the node.
+build_crictl() {
+  local out; out="$(tool_dir crictl "$CRICTL_VERSION")"
+  [[ -x "$out/crictl" ]] && { log "crictl $CRICTL_VERSION: cached"; return; }
+  log "building crictl $CRICTL_VERSION"
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRICTL_VERSION" \
+    "sigs.k8s.io/cri-tools/cmd/crictl@v$CRICTL_VERSION"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+build_coredns() {
+  local out; out="$(tool_dir coredns "$COREDNS_VERSION")"
+  [[ -x "$out/coredns" ]] && { log "coredns $COREDNS_VERSION: cached"; return; }
+  log "building coredns $COREDNS_VERSION"
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+# kube-router in firewall-only mode enforces NetworkPolicies with iptables + ipset (kindnetd's enforcer needs the
+# nftables `queue` expression, which some kernels lack, and then fails open).
+build_kube_router() {
+  local out; out="$(tool_dir kube-router "$KUBE_ROUTER_VERSION")"
+  [[ -x "$out/kube-router" ]] && { log "kube-router $KUBE_ROUTER_VERSION: cached"; return; }
+  log "building kube-router $KUBE_ROUTER_VERSION"
+  wrapper kube-router
+  local mod=github.com/cloudnativelabs/kube-router/v2
+  go mod edit -require="$mod@v$KUBE_ROUTER_VERSION"
+  nonpath_replaces "$(gomod_of "$mod@v$KUBE_ROUTER_VERSION")" | xargs -r go mod edit
+  go get "$mod/cmd/kube-router@v$KUBE_ROUTER_VERSION"
+  mkdir -p "$out.tmp"
+  go build -trimpath -ldflags "-s -w -X $mod/pkg/version.Version=v$KUBE_ROUTER_VERSION" \
+    -o "$out.tmp/kube-router" "$mod/cmd/kube-router"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
 targets=("$@"); [[ ${#targets[@]} -eq 0 || "${targets[0]}" == all ]] && targets=(etcd kwok kube helm pulumi k8s-provider)
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) timed build_etcd ;; kwok) timed build_kwok ;; kube) timed build_kube ;; helm) timed build_helm ;;
-    pulumi) timed build_pulumi ;; k8s-provider) timed build_k8s_provider ;;
-    *) die "unknown target '$t' (etcd, kwok, kube, helm, pulumi, k8s-provider, all)" ;;
+    pulumi) timed build_pulumi ;; k8s-provider) timed build_k8s_provider ;; kube-node) timed build_kube_node ;;
+    kind) timed build_kind ;; crictl) timed build_crictl ;; coredns) timed build_coredns ;;
+    kube-router) timed build_kube_router ;;
+    kind-all) timed build_kube_node; timed build_kind; timed build_crictl; timed build_coredns; timed build_kube_router ;;
+    *) die "unknown target '$t' (etcd, kwok, kube, helm, pulumi, k8s-provider, all; for the kind node: kube-node, kind, crictl, coredns, kube-router, kind-all)" ;;
   esac
 done

@@ -1,6 +1,9 @@
 """engine tier: `pulumi up --stack local` with the real Pulumi CLI on the real Docker Engine starts the operator
 container and the warm pools; a claim through the API runs a command; a pools change reloads the operator;
-`pulumi destroy` leaves no container, network or volume of the stack behind."""
+`pulumi destroy` leaves no container, network or volume of the stack behind.
+
+The test's stack is `local-test`: the local stack's file under a name of its own and a free port, so a user's own
+`local` stack (the README's first command leaves it running) is neither touched nor in the way."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]  # not `from conftest import`: several conftest.py shadow each other
 
 pytestmark = pytest.mark.engine
-STACK = "local"
+STACK = "local-test"
 LABEL = f"corral.dev/stack={STACK}"
 
 
@@ -28,9 +31,10 @@ def leftovers(docker_client) -> dict[str, list[str]]:
     }
 
 
-def port_free(port: int) -> bool:
+def free_port() -> int:
     with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def idle_ready(url: str, pool: str) -> float:
@@ -45,17 +49,19 @@ def test_local_stack_up_claim_and_destroy(pulumi_cli, docker_client, project, tm
     ensure_image()  # what scripts/setup.sh did; a cache hit normally
     assert not any(leftovers(docker_client).values()), f"stack {STACK} already has Docker objects: " \
                                                       f"{leftovers(docker_client)}"
-    assert port_free(7780), "127.0.0.1:7780 (the local stack's apiPort) is taken"
+    port = free_port()
+    (project / "stacks" / f"Pulumi.{STACK}.yaml").write_text((project / "stacks" / "Pulumi.local.yaml").read_text())
     env = {"CORRAL_CACHE": str(tmp_path / "cache")}  # the pools file goes under here
     run = lambda *a, **kw: pulumi_cli.run(*a, cwd=project, env=env, **kw)  # noqa: E731
     run("stack", "init", STACK, "--non-interactive")
+    run("config", "set", "--path", "corral:docker.apiPort", str(port), "--stack", STACK)
     try:
         t0 = time.monotonic()
         run("up", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview")
         up_seconds = time.monotonic() - t0
         out = json.loads(run("stack", "output", "--stack", STACK, "--json", "--show-secrets").stdout)
         url, token = out["apiUrl"], out["apiToken"]
-        assert url == "http://127.0.0.1:7780" and out["operatorImage"].startswith("corral/operator:")
+        assert url == f"http://127.0.0.1:{port}" and out["operatorImage"].startswith("corral/operator:")
         (operator,) = docker_client.containers.list(filters={"label": [LABEL, "corral.dev/role=operator"]})
         mounts = {m["Destination"] for m in operator.attrs["Mounts"]}
         assert {"/var/run/docker.sock", "/var/lib/corral", "/etc/corral"} <= mounts
