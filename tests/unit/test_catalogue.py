@@ -39,3 +39,16 @@ def test_strict_undefined(tmp_path, monkeypatch):
             catalogue.render("broken", {"missing": {}})
     finally:
         catalogue._env.cache_clear()
+
+
+@pytest.mark.parametrize("name", catalogue.names())
+def test_the_working_directory_is_a_volume_the_sandbox_user_can_write(name):
+    """On a real node a workingDir missing from the image is created by the runtime, owned by root: the sandbox user
+    (uid 1000) could not write its own workspace. Each catalogue entry mounts a volume there (fsGroup makes it the
+    sandbox's)."""
+    pod = catalogue.render(name).to_k8s()["podTemplate"]["spec"]
+    main = pod["containers"][0]
+    mounts = {m["mountPath"]: m["name"] for m in main.get("volumeMounts", [])}
+    assert main["workingDir"] in mounts
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    assert "emptyDir" in volumes[mounts[main["workingDir"]]]
