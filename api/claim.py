@@ -7,7 +7,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from .common import ENV_NAME, RESERVED_DOMAINS, Condition, CorralObject, Model, Name, immutable
+from .common import (
+    ENV_NAME, EXECD_ENV_PREFIX, MAX_ENV_NAME, MAX_ENV_VALUE, MAX_ENV_VARS, NO_NUL, RESERVED_DOMAINS, Condition,
+    CorralObject, Model, Name, immutable,
+)
 from .sandbox import LaunchType
 from .template import VolumeClaimTemplate
 
@@ -32,8 +35,17 @@ class Lifecycle(Model):
 
 
 class EnvVar(Model):
-    name: str = Field(pattern=ENV_NAME, max_length=256)
-    value: str = Field(default="", max_length=32768)
+    name: str = Field(pattern=ENV_NAME, max_length=MAX_ENV_NAME, json_schema_extra={"x-kubernetes-validations": [
+        {"rule": f"!self.matches('^(?i:{EXECD_ENV_PREFIX})')",
+         "message": f"names starting with {EXECD_ENV_PREFIX} are reserved for the sandbox's execd"}]})
+    value: str = Field(default="", max_length=MAX_ENV_VALUE, pattern=NO_NUL, description="No NUL character.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_execd(cls, name: str) -> str:
+        if name.upper().startswith(EXECD_ENV_PREFIX):
+            raise ValueError(f"names starting with {EXECD_ENV_PREFIX} are reserved for the sandbox's execd")
+        return name
 
 
 class PodMetadata(Model):
@@ -54,7 +66,8 @@ class SandboxClaimSpec(Model):
     pool_ref: PoolRef = Field(description="The pool to claim from. Immutable.", json_schema_extra=immutable("poolRef"))
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
     env: list[EnvVar] = Field(
-        default_factory=list, max_length=256, description="Env for the sandbox; needs the template's policy to allow it."
+        default_factory=list, max_length=MAX_ENV_VARS,
+        description="Env for the sandbox; needs the template's policy to allow it.",
     )
     volume_claim_templates: list[VolumeClaimTemplate] = Field(
         default_factory=list, max_length=16, description="Extra PVCs; forces a cold start; needs the template's policy."

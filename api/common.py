@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -23,6 +24,30 @@ RESERVED_DOMAINS = ("corral.dev", "kubernetes.io", "k8s.io")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+# Claim env: what a claim may put into a sandbox's environment. Names as Kubernetes accepts them (non-empty, no `=`,
+# no NUL), values without NUL (execve cannot carry one), bounded in count and size. Names starting with execd's own
+# prefix (corral.execd.settings.ENV_PREFIX; a unit test keeps the two equal) are refused: a cold claim's env would
+# otherwise configure the sandbox's execd (its roots, its listen address, ...).
+EXECD_ENV_PREFIX = "CORRAL_EXECD_"
+MAX_ENV_VARS = 256
+MAX_ENV_NAME = 256
+MAX_ENV_VALUE = 32768
+NO_NUL = r"^[^\x00]*$"
+
+
+def env_var_problem(name: str, value: str) -> str | None:
+    """Why one claim env variable is refused, or None. The same rules as EnvVar's schema (and the CRD's)."""
+    if not re.fullmatch(ENV_NAME, name) or len(name) > MAX_ENV_NAME:
+        return (f"env name {name[:64]!r} is not a valid name (letters, digits, '-', '.', '_', not starting with a "
+                f"digit, at most {MAX_ENV_NAME} characters)")
+    if name.upper().startswith(EXECD_ENV_PREFIX):
+        return f"env name {name!r} is reserved: {EXECD_ENV_PREFIX}* configures the sandbox's execd"
+    if "\x00" in value:
+        return f"env {name}: the value contains a NUL character"
+    if len(value) > MAX_ENV_VALUE:
+        return f"env {name}: the value is longer than {MAX_ENV_VALUE} characters"
+    return None
 
 # Schema extras understood by the CRD generator (api/crd.py).
 PRESERVE_UNKNOWN = {"x-kubernetes-preserve-unknown-fields": True}

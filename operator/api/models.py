@@ -5,12 +5,26 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+from corral.api.common import DNS_LABEL, DNS_SUBDOMAIN, MAX_ENV_VARS, env_var_problem
+
 Phase = Literal["Pending", "Ready", "Paused", "Expired", "Failed"]
+
+# What the edge accepts. A claim or pool name is a Kubernetes object name (DNS subdomain, at most 253 characters):
+# the same pattern checks the names in URL paths and queries.
+NAME_MAX = 253
+MAX_ENV_BYTES = 128 << 10  # one claim's env, names and values together: far below execve's limits
+MAX_TTL_SECONDS = 30 * 86400
+# An image reference as Docker parses it ([registry[:port]/]path[:tag][@digest]) or an image ID. ASCII only.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,128}"
+IMAGE_REF = (rf"^(?:(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?"
+             r"|(?:sha256:)?[0-9a-f]{12,64})$")
 
 
 class _M(BaseModel):
@@ -26,19 +40,36 @@ class ClaimRequest(_M):
     name: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63,
                              description="Claim name (default: generated). Creating an existing name returns it: "
                                          "a retry is safe.")
-    pool: str = Field(description="The WarmPool or Pool to claim from.")
-    env: dict[str, str] = Field(default_factory=dict, description="Env for the sandbox's commands, if the "
-                                "template's envVarsInjectionPolicy allows it (injected into a warm sandbox).")
-    ttl_seconds: int | None = Field(default=None, ge=1, le=30 * 86400,
+    pool: str = Field(min_length=1, max_length=NAME_MAX, pattern=DNS_SUBDOMAIN,
+                      description="The WarmPool or Pool to claim from.")
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV_VARS,
+                                description="Env for the sandbox's commands, if the template's envVarsInjectionPolicy "
+                                "allows it (injected into a warm sandbox). Names as Kubernetes takes them (letters, "
+                                "digits, '-', '.', '_', not starting with a digit; CORRAL_EXECD_* reserved), values "
+                                f"without NUL; at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes in all.")
+    ttl_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_SECONDS, strict=True,
                                     description="Lease: the claim expires (and its sandbox is released) this long "
                                                 "after creation or the last renew. None: no expiry.")
     shutdown_policy: Literal["Delete", "Retain"] = Field(default="Delete", description="What happens to the sandbox "
                                                          "when the claim ends: Delete (or recycle into its Pool) or "
                                                          "Retain the container.")
-    snapshot: str | None = Field(default=None, description="Start a new sandbox from this snapshot image (always "
-                                 "a cold start, with the pool's template for everything else).")
-    timeout_seconds: float = Field(default=120, ge=0, le=3600, description="How long the create call waits for the "
-                                   "sandbox to be ready; 0 answers at once (202 while Pending).")
+    snapshot: str | None = Field(default=None, max_length=512, pattern=IMAGE_REF,
+                                 description="Start a new sandbox from this snapshot image (always a cold start, with "
+                                 "the pool's template for everything else).")
+    timeout_seconds: float = Field(default=120, ge=0, le=3600, strict=True, allow_inf_nan=False,
+                                   description="How long the create call waits for the sandbox to be ready; 0 answers "
+                                   "at once (202 while Pending).")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        problems = [p for k, v in env.items() if (p := env_var_problem(k, v))]
+        if problems:
+            raise ValueError("; ".join(problems[:5]))
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in env.items())
+        if size > MAX_ENV_BYTES:
+            raise ValueError(f"env is {size} bytes; at most {MAX_ENV_BYTES}")
+        return env
 
 
 class SandboxRef(_M):
@@ -66,7 +97,8 @@ class ClaimList(_M):
 
 
 class RenewRequest(_M):
-    ttl_seconds: int = Field(ge=1, le=30 * 86400, description="New lease, counted from now.")
+    ttl_seconds: int = Field(ge=1, le=MAX_TTL_SECONDS, strict=True, description="New lease, counted from now "
+                             "(an integer: true, \"60\" and 60.5 are refused).")
 
 
 class SnapshotRequest(_M):
