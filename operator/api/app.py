@@ -11,33 +11,62 @@
     ANY    /v1/claims/{name}/execd/{path}     proxied to the sandbox's execd (its token added; yours removed);
                                               WebSockets too (execd's PTY), same path
     GET    /v1/health, /metrics               no token
+
+The edge (`Edge`, an ASGI middleware around everything): the token is checked from the request headers before
+any route runs or any byte of the body is read, for every path but health, metrics and the API docs (HTTP and
+WebSocket alike: 401 `unauthorized`). The JSON routes read at most MAX_JSON_BODY bytes, counted as the body
+streams in, whatever Content-Length says (413 `too_large`), and take their body as JSON whatever Content-Type
+says (curl -d sends a form type). The execd proxy streams its body through unread and uncapped: uploads are
+legitimate there, and execd bounds them itself. Every path and query value is validated before a backend sees it.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import re
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request, WebSocket
+from fastapi import FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from corral.api.common import DNS_SUBDOMAIN
 from corral.execd.wsrelay import relay
 
 from .backend import BackendError, ClaimsBackend
-from .models import Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, Snapshot, SnapshotRequest
+from .models import (
+    NAME_MAX, Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, Snapshot, SnapshotRequest,
+)
+
+log = logging.getLogger("corral.operator.api")
 
 REQUESTS = Counter("corral_claims_api_requests_total", "Claims HTTP API requests", ["route", "status"])
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", "x-execd-access-token", "content-length"}
 ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": Error}, 401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}, 503: {"model": Error},
+    400: {"model": Error}, 401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}, 413: {"model": Error},
+    503: {"model": Error},
 }
+CODES = {400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+         409: "conflict", 413: "too_large", 501: "not_implemented", 503: "unavailable"}
+
+MAX_JSON_BODY = 1 << 20  # bytes: the largest body a JSON route (create, renew, snapshot, ...) reads
+OPEN_PATHS = frozenset({"/v1/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+PROXY_PATH = re.compile(r"^/v1/claims/[^/]+/execd(/|$)")  # streamed through to execd, body untouched
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+
+# Path and query values: checked before a backend sees them (400 `invalid`, never a backend's surprise).
+ClaimName = Annotated[str, Path(min_length=1, max_length=NAME_MAX, pattern=DNS_SUBDOMAIN)]
+PoolName = Annotated[str | None, Query(min_length=1, max_length=NAME_MAX, pattern=DNS_SUBDOMAIN)]
+ProxiedPath = Annotated[str, Path(max_length=4096, pattern=NO_CONTROL)]
 
 
 def error(status: int, code: str, message: str) -> JSONResponse:
@@ -48,15 +77,129 @@ class Unauthorized(BackendError):
     status, code = 401, "unauthorized"
 
 
-def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 3600.0) -> FastAPI:
+class BodyTooLarge(StarletteHTTPException):
+    """Raised from the body stream of a JSON route past MAX_JSON_BODY. An HTTPException, so FastAPI's body reading
+    lets it through to the handlers (it turns any other exception there into a 400)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than {limit} bytes", headers={"connection": "close"})
+
+
+class Edge:
+    """The first thing every request meets (pure ASGI, outside FastAPI's routing and body parsing):
+
+    - authentication from the headers alone, before anything reads the body: 401 `unauthorized` without reading it
+      (uvicorn stops reading the socket while nobody consumes the body, so an unauthenticated upload costs at most
+      its flow-control buffer); WebSockets get a 401 denial response (or a close, 1008, without that extension);
+    - on the JSON routes, a body cap enforced as the body streams (a larger Content-Length is refused before the
+      first byte; a missing or lying one is caught by counting), and the body taken as JSON whatever the
+      Content-Type says;
+    - the execd proxy (/v1/claims/{name}/execd/...) passes through untouched after authentication.
+    """
+
+    def __init__(self, app: ASGIApp, *, expected: bytes, max_body: int = MAX_JSON_BODY,
+                 open_paths: frozenset[str] = OPEN_PATHS) -> None:
+        self.app, self.expected, self.max_body, self.open_paths = app, expected, max_body, open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        path: str = scope["path"]
+        if path not in self.open_paths:
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(got, self.expected):
+                return await self._refuse(scope, send, 401, "unauthorized", "missing or wrong bearer token")
+        if scope["type"] == "websocket" or PROXY_PATH.match(path):
+            return await self.app(scope, receive, send)
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            return await self._refuse(scope, send, 413, "too_large",
+                                      f"the request body is larger than {self.max_body} bytes")
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        seen, started = 0, False
+
+        async def capped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise BodyTooLarge(self.max_body)
+            return message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, capped, watched)
+        except BodyTooLarge as exc:  # read outside FastAPI's handlers (none today): answer it here
+            if started:
+                raise
+            await self._refuse(scope, send, 413, "too_large", str(exc.detail))
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
+        response = error(status, code, message)
+        if scope["type"] == "http":  # the body stays unread: the connection closes after the answer
+            response.headers["connection"] = "close"
+            return await response(scope, _no_body, send)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send({"type": "websocket.http.response.start", "status": status,
+                        "headers": response.raw_headers})
+            await send({"type": "websocket.http.response.body", "body": response.body})
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def socket_problem(name: str, path: str) -> str | None:
+    """The WebSocket route's own check of its path values (the HTTP routes' ClaimName and ProxiedPath)."""
+    if not (len(name) <= NAME_MAX and re.fullmatch(DNS_SUBDOMAIN, name)):
+        return f"{name[:64]!r} is not a claim name"
+    if len(path) > 4096 or not re.fullmatch(NO_CONTROL, path):
+        return "the proxied path contains control characters or is too long"
+    return None
+
+
+def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """An exception no backend turned into a BackendError. Bad input that slipped past the edge shows up as a
+    ValueError (UnicodeError, "embedded null byte", ...), an invalid URL, an OS error other than a connection's, or
+    a client error of whatever the backend called (Docker's and Kubernetes' 4xx): those answer 4xx. Everything
+    else is a 500 whose message names the exception type only (the details go to the log, never to the client:
+    Docker's and the Kubernetes API's error texts stay inside)."""
+    what = f"{request.method} {request.url.path}"
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int):
+        status = getattr(getattr(exc, "status", None), "code", None)  # lightkube's ApiError
+    if isinstance(exc, (ValueError, httpx.InvalidURL)) and not isinstance(exc, ValidationError):
+        log.info("%s: invalid input: %s", what, exc)
+        return error(400, "invalid", f"invalid input: {exc}")
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        log.warning("%s: %s", what, exc)
+        return error(503, "unavailable", f"a service the API depends on did not answer ({type(exc).__name__})")
+    if isinstance(exc, OSError):
+        log.info("%s: %s", what, exc)
+        return error(400, "invalid", f"the request could not be carried out: {exc.strerror or type(exc).__name__}")
+    if isinstance(status, int) and 400 <= status < 500 and status != 429:
+        log.info("%s: refused downstream: %s", what, exc)
+        code = CODES.get(status, "invalid")
+        return error(status if status in CODES else 400, code,
+                     f"the request was refused by the {type(exc).__module__.split('.')[0]} backend ({status})")
+    log.error("%s: unexpected error", what, exc_info=exc)
+    return error(500, "internal", f"internal error ({type(exc).__name__}); see the operator's log")
+
+
+def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 3600.0,
+               max_body: int = MAX_JSON_BODY) -> FastAPI:
     if not token:
         raise ValueError("the claims API needs a token")
     expected = f"Bearer {token}".encode()
-
-    def authorize(request: Request) -> None:
-        got = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(got, expected):
-            raise Unauthorized("missing or wrong bearer token")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -66,7 +209,7 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
         await app.state.http.aclose()
 
     app = FastAPI(title="Corral claims API", version="v1", lifespan=lifespan, responses=ERRORS)
-    auth = [Depends(authorize)]
+    app.add_middleware(Edge, expected=expected, max_body=max_body)  # outside routing: before any body is read
 
     @app.exception_handler(BackendError)
     async def _backend_error(_: Request, exc: BackendError) -> JSONResponse:
@@ -74,16 +217,28 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        parts = []
+        for e in exc.errors():
+            if e.get("type") == "json_invalid":
+                parts.append(f"the body is not JSON ({(e.get('ctx') or {}).get('error', e['msg'])}); send a JSON "
+                             "object")
+            else:
+                parts.append(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
         return error(400, "invalid", "; ".join(parts))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
+        response = error(exc.status_code, CODES.get(exc.status_code, "http_error"), str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
 
-    @app.exception_handler(Exception)
-    async def _crash(_: Request, exc: Exception) -> JSONResponse:
-        return error(500, "internal", f"{type(exc).__name__}: {exc}")
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return unexpected(request, exc)
+
+    # Bad input that reached a backend anyway: answered inside the app (4xx, see `unexpected`); anything else
+    # reaches the last handler (Starlette's server-error middleware, which also logs it).
+    for kind in (ValueError, OSError, httpx.InvalidURL, Exception):
+        app.add_exception_handler(kind, _unexpected)
 
     @app.get("/v1/health", include_in_schema=False)
     async def health() -> dict[str, str]:
@@ -93,7 +248,7 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/claims", response_model=Claim, status_code=201, dependencies=auth,
+    @app.post("/v1/claims", response_model=Claim, status_code=201,
               responses={202: {"model": Claim, "description": "accepted, still Pending"}})
     async def create_claim(req: ClaimRequest) -> Any:
         claim = await backend.create_claim(req)
@@ -101,45 +256,45 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
         REQUESTS.labels("create", str(status)).inc()
         return JSONResponse(claim.model_dump(mode="json", by_alias=True), status_code=status)
 
-    @app.get("/v1/claims", response_model=ClaimList, dependencies=auth)
-    async def list_claims(pool: str | None = None) -> ClaimList:
+    @app.get("/v1/claims", response_model=ClaimList)
+    async def list_claims(pool: PoolName = None) -> ClaimList:
         return ClaimList(items=await backend.list_claims(pool))
 
-    @app.get("/v1/claims/{name}", response_model=Claim, dependencies=auth)
-    async def get_claim(name: str) -> Claim:
+    @app.get("/v1/claims/{name}", response_model=Claim)
+    async def get_claim(name: ClaimName) -> Claim:
         return await backend.get_claim(name)
 
-    @app.delete("/v1/claims/{name}", status_code=204, dependencies=auth)
-    async def delete_claim(name: str) -> Response:
+    @app.delete("/v1/claims/{name}", status_code=204)
+    async def delete_claim(name: ClaimName) -> Response:
         await backend.delete_claim(name)
         return Response(status_code=204)
 
-    @app.post("/v1/claims/{name}/renew", response_model=Claim, dependencies=auth)
-    async def renew(name: str, req: RenewRequest) -> Claim:
+    @app.post("/v1/claims/{name}/renew", response_model=Claim)
+    async def renew(name: ClaimName, req: RenewRequest) -> Claim:
         return await backend.renew_claim(name, req.ttl_seconds)
 
-    @app.post("/v1/claims/{name}/pause", response_model=Claim, dependencies=auth)
-    async def pause(name: str) -> Claim:
+    @app.post("/v1/claims/{name}/pause", response_model=Claim)
+    async def pause(name: ClaimName) -> Claim:
         return await backend.pause_claim(name)
 
-    @app.post("/v1/claims/{name}/resume", response_model=Claim, dependencies=auth)
-    async def resume(name: str) -> Claim:
+    @app.post("/v1/claims/{name}/resume", response_model=Claim)
+    async def resume(name: ClaimName) -> Claim:
         return await backend.resume_claim(name)
 
-    @app.post("/v1/claims/{name}/snapshot", response_model=Snapshot, dependencies=auth)
-    async def snapshot(name: str, req: SnapshotRequest | None = None) -> Snapshot:
+    @app.post("/v1/claims/{name}/snapshot", response_model=Snapshot)
+    async def snapshot(name: ClaimName, req: SnapshotRequest | None = None) -> Snapshot:
         return await backend.snapshot_claim(name, req or SnapshotRequest())
 
-    @app.get("/v1/pools", response_model=PoolList, dependencies=auth, responses={501: {"model": Error}})
+    @app.get("/v1/pools", response_model=PoolList, responses={501: {"model": Error}})
     async def list_pools() -> PoolList:
         lister = getattr(backend, "list_pools", None)
         if lister is None:
             raise BackendError("this mode's backend cannot list pools yet", code="not_implemented", status=501)
         return PoolList(items=await lister())
 
-    @app.api_route("/v1/claims/{name}/execd/{path:path}", dependencies=auth, include_in_schema=False,
+    @app.api_route("/v1/claims/{name}/execd/{path:path}", include_in_schema=False,
                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
-    async def proxy(name: str, path: str, request: Request) -> Response:
+    async def proxy(name: ClaimName, path: ProxiedPath, request: Request) -> Response:
         target = await backend.execd_target(name)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         headers.append(("authorization", f"Bearer {target.token}"))
@@ -164,8 +319,10 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
             else:
                 await ws.close(code=1008 if status == 401 else 1011)
 
-        if not hmac.compare_digest(ws.headers.get("authorization", "").encode(), expected):
+        if not hmac.compare_digest(ws.headers.get("authorization", "").encode(), expected):  # Edge did; kept
             return await deny(401, "unauthorized", "missing or wrong bearer token")
+        if problem := socket_problem(name, path):
+            return await deny(400, "invalid", problem)
         try:
             target = await backend.execd_target(name)
         except BackendError as exc:
