@@ -1,8 +1,8 @@
 """corral.operator.api: the claims HTTP API, served by the operator in both modes (Docker and Kubernetes).
 
 `create_app(backend, token)` builds the FastAPI app; a mode plugs in through the small `ClaimsBackend` protocol
-(backend.py). Every route but health and metrics needs `Authorization: Bearer <token>`; every error is
-`{"code", "message"}` with a 4xx/5xx status.
+(backend.py). Every route but health, metrics and the API docs needs `Authorization: Bearer <token>`, checked
+before any body is read; every error is `{"code", "message"}` with a 4xx/5xx status.
 """
 
 from .backend import BackendError, ClaimsBackend, Conflict, ExecdTarget, Invalid, NotFound, Unavailable

@@ -192,6 +192,7 @@ def test_the_execd_proxy_streams_large_uploads_through_uncapped_and_authenticate
 def test_only_health_metrics_and_docs_answer_without_a_token():
     with TestClient(create_app(FakeBackend(), TOKEN)) as http:
         assert http.get("/v1/health").status_code == 200 and http.get("/metrics").status_code == 200
+        assert http.get("/openapi.json").json()["info"]["title"] == "Corral claims API"
         for method, path in [("GET", "/v1/claims"), ("GET", "/v1/claims/c1"), ("DELETE", "/v1/claims/c1"),
                              ("POST", "/v1/claims/c1/pause"), ("GET", "/v1/pools"), ("GET", "/v1/nowhere"),
                              ("GET", "/v1/claims/c1/execd/files")]:
@@ -247,10 +248,10 @@ def test_a_200_mb_unauthenticated_post_leaves_a_real_servers_memory_flat():
             except OSError:  # the server answered and closed: the rest is never sent
                 pass
             reader.join(30)
-        assert answer.startswith(b"HTTP/1.1 401"), bytes(answer[:200])
-        assert b'"code":"unauthorized"' in answer
         grown = peak_rss(proc.pid) - before
         assert grown < 32 << 20, f"the server's peak RSS grew by {grown >> 20} MiB for an unauthenticated body"
+        assert answer.startswith(b"HTTP/1.1 401"), bytes(answer[:200])
+        assert b'"code":"unauthorized"' in answer
     finally:
         proc.terminate()
         proc.wait(10)
@@ -275,6 +276,23 @@ def test_the_readmes_curl_line_works_as_written():
         assert_error(http.post("/v1/claims", content=b"", headers=CURL), 400, "invalid")
         assert_error(http.post("/v1/claims", content=b"\xff\xfe", headers=CURL), 400, "invalid")
     assert [c[0] for c in backend.calls] == ["create", "renew", "create", "create"]
+
+
+def test_the_readmes_second_curl_line_reaches_execd_byte_for_byte():
+    seen = {}
+
+    async def execd(request: httpx.Request) -> httpx.Response:
+        seen.update(path=request.url.path, body=await request.aread(), type=request.headers.get("content-type"))
+        return httpx.Response(200, stream=httpx.ByteStream(b'{"exitCode": 0}'))
+
+    app = create_app(FakeBackend(), TOKEN)
+    body = b'{"command": "python3 -c \\"print(6*7)\\""}'
+    with TestClient(app, base_url="http://localhost:7780") as http:
+        app.state.http = httpx.AsyncClient(transport=httpx.MockTransport(execd))
+        r = http.post("/v1/claims/c1/execd/v1/command", content=body, headers=CURL)
+        assert r.status_code == 200
+    # The proxy leaves the body and its content type alone: execd reads JSON from the bytes itself.
+    assert seen == {"path": "/v1/command", "body": body, "type": "application/x-www-form-urlencoded"}
 
 
 # --- validation at the edge --------------------------------------------------------------------------------------
