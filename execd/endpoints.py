@@ -20,6 +20,22 @@ from starlette.routing import Route, WebSocketRoute
 from .errors import ExecdError
 
 Handler = Callable[..., Awaitable[Any]]
+MAX_JSON_BODY = 1 << 20  # JSON request bodies are buffered whole to validate them: this is the most one may be
+
+
+async def read_json_body(request: Request, limit: int = MAX_JSON_BODY) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit`: at once from a declared
+    Content-Length, else while it streams in (chunked, or a Content-Length the server would not enforce), so at
+    most `limit` bytes plus one network chunk are ever held."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise ExecdError(413, f"request body of {declared} bytes is over the {limit}-byte limit", "too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ExecdError(413, f"request body is over the {limit}-byte limit", "too_large")
+    return bytes(body)
 
 
 @dataclass
@@ -95,7 +111,7 @@ def _http_route(ep: Endpoint) -> Route:
             if ep.query is not None:
                 kwargs["query"] = ep.query.model_validate(_query_values(request, ep.query))
             if ep.body is not None:
-                raw = await request.body()
+                raw = await read_json_body(request)
                 if not raw:
                     raise ExecdError(400, "a JSON request body is required")
                 kwargs["body"] = ep.body.model_validate_json(raw)

@@ -23,7 +23,7 @@ REF = "#/components/schemas/{model}"
 STATUS_TEXT = {
     200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 400: "Bad request (invalid parameters or body)",
     401: "Missing or wrong token", 403: "Forbidden (outside the allowed roots, or not permitted)", 404: "Not found",
-    409: "Conflict", 413: "Too large", 502: "The proxied port did not answer",
+    409: "Conflict", 413: "Too large", 416: "Range not satisfiable", 502: "The proxied port did not answer",
 }
 DESCRIPTION = """The daemon inside every Corral sandbox. Every endpoint but `/v1/health` needs the sandbox token, as
 `Authorization: Bearer <token>` or `X-EXECD-ACCESS-TOKEN: <token>`. Every error answers `{code, message}` with a
@@ -78,7 +78,7 @@ def _operation(ep: Endpoint) -> dict[str, Any]:
             "description": STATUS_TEXT.get(status, ""),
             "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
         }
-    errors = set(ep.errors) | ({401} if not ep.public else set())
+    errors = set(ep.errors) | ({401} if not ep.public else set()) | ({413} if ep.body is not None else set())
     for status in sorted(errors):
         responses[str(status)] = {
             "description": STATUS_TEXT.get(status, ""),
