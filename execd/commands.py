@@ -14,6 +14,7 @@ from starlette.responses import StreamingResponse
 from . import processes
 from .endpoints import Router
 from .errors import ExecdError
+from .inputs import MAX_TIMEOUT_SECONDS, EnvMap, Text, UserSpec
 from .runner import Command, Event
 from .state import State, get_state
 
@@ -22,12 +23,13 @@ DONE_WAIT_SECONDS = 5.0  # after SIGKILL, how long DELETE waits for the command 
 
 
 class CommandRequest(BaseModel):
-    command: str | None = Field(None, description="Shell command line, run by `/bin/sh -c`.")
-    argv: list[str] | None = Field(None, min_length=1, description="Program and arguments, run without a shell.")
-    cwd: str | None = Field(None, description="Working directory (default: the workspace); relative to it if relative.")
-    env: dict[str, str] = Field(default_factory=dict, description="Added to execd's env and the env from PUT /v1/env.")
-    timeout: float | None = Field(None, gt=0, description="Seconds; on expiry the whole process tree is SIGKILLed.")
-    user: str | None = Field(None, description="User name or numeric uid to run as (execd must be root).")
+    command: Text | None = Field(None, description="Shell command line, run by `/bin/sh -c`.")
+    argv: list[Text] | None = Field(None, min_length=1, description="Program and arguments, run without a shell.")
+    cwd: Text | None = Field(None, description="Working directory (default: the workspace); relative to it if relative.")
+    env: EnvMap = Field(default_factory=dict, description="Added to execd's env and the env from PUT /v1/env.")
+    timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS,
+                                  description="Seconds; on expiry the whole process tree is SIGKILLed.")
+    user: UserSpec | None = Field(None, description="User name or numeric uid to run as (execd must be root).")
     background: bool = Field(False, description="POST /v1/command only: answer 202 at once; use status/logs/DELETE.")
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from pydantic import BaseModel, ValidationError
@@ -20,6 +21,7 @@ CODES = {
     405: "method_not_allowed",
     409: "conflict",
     413: "too_large",
+    416: "range_not_satisfiable",
     500: "internal",
     502: "bad_gateway",
 }
@@ -75,29 +77,54 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"{type(exc).__name__}: {exc}")
 
 
+# errno -> (status, code): every filesystem or process-start OSError is answered from this one table.
+_ERRNO = {
+    errno.ENOENT: (404, "not_found"),
+    errno.ENOTDIR: (400, "not_a_directory"),
+    errno.EISDIR: (400, "is_a_directory"),
+    errno.EEXIST: (409, "exists"),
+    errno.ENOTEMPTY: (409, "not_empty"),
+    errno.EBUSY: (409, "busy"),
+    errno.ETXTBSY: (409, "busy"),
+    errno.EACCES: (403, "forbidden"),
+    errno.EPERM: (403, "forbidden"),
+    errno.EROFS: (403, "read_only"),
+    errno.EXDEV: (400, "cross_device"),
+    errno.ELOOP: (400, "symlink_in_path"),
+    errno.ENAMETOOLONG: (400, "name_too_long"),
+    errno.EINVAL: (400, "invalid_request"),
+    errno.E2BIG: (400, "too_large"),
+    errno.ENOEXEC: (400, "not_executable"),
+    errno.EMLINK: (400, "too_many_links"),
+    errno.EFBIG: (413, "too_large"),
+    errno.ENOSPC: (507, "no_space"),
+    errno.EDQUOT: (507, "no_space"),
+    errno.EMFILE: (503, "busy"),
+    errno.ENFILE: (503, "busy"),
+    errno.ENOMEM: (503, "busy"),
+    errno.EIO: (500, "io_error"),
+}
+
+
+def os_error(exc: OSError, path: str | None = None) -> ExecdError:
+    """Map an OSError onto the error shape (missing -> 404, permission -> 403, a symlink met where none may be
+    -> 400, ...). An errno the table does not know is the request's doing far more often than the daemon's: 400."""
+    status, code = _ERRNO.get(exc.errno or 0, (400, "os_error"))
+    name = errno.errorcode.get(exc.errno or 0, "error")
+    what = exc.strerror or str(exc)
+    return ExecdError(status, f"{what}: {path}" if path else f"{what} ({name})", code)
+
+
+async def _os_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OSError)
+    err = os_error(exc)
+    return error_response(err.status, err.message, err.code)
+
+
 HANDLERS = {
     ExecdError: _execd_error,
     HTTPException: _http_error,
     ValidationError: _validation_error,
+    OSError: _os_error,  # a filesystem error no handler caught: still a 4xx in the error shape, never a 500
     Exception: _unexpected,
 }
-
-
-def os_error(exc: OSError, path: str) -> ExecdError:
-    """Map a filesystem OSError onto the error shape (missing -> 404, permission -> 403, ...)."""
-    import errno
-
-    mapping = {
-        errno.ENOENT: (404, "not_found"),
-        errno.ENOTDIR: (400, "not_a_directory"),
-        errno.EISDIR: (400, "is_a_directory"),
-        errno.EEXIST: (409, "exists"),
-        errno.ENOTEMPTY: (409, "not_empty"),
-        errno.EACCES: (403, "forbidden"),
-        errno.EPERM: (403, "forbidden"),
-        errno.EXDEV: (400, "cross_device"),
-        errno.ENOSPC: (507, "no_space"),
-        errno.ELOOP: (400, "symlink_loop"),
-    }
-    status, code = mapping.get(exc.errno or 0, (500, "io_error"))
-    return ExecdError(status, f"{exc.strerror or exc}: {path}", code)

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from . import __version__
 from .endpoints import Router
+from .inputs import EnvMap
 from .state import get_state
 
 router = Router("system")
@@ -23,7 +24,7 @@ class Health(BaseModel):
 
 
 class EnvBody(BaseModel):
-    env: dict[str, str] = Field(description="Variables added to every later command and PTY (request env wins).")
+    env: EnvMap = Field(description="Variables added to every later command and PTY (request env wins).")
     merge: bool = Field(False, description="PUT only: merge into the current set instead of replacing it.")
 
 
@@ -48,11 +49,6 @@ async def set_env(request: Request, body: EnvBody) -> EnvState:
     running processes are unaffected. `merge: false` replaces the whole set, so `{"env": {}}` clears it. Kept in
     memory: an execd restart forgets it."""
     state = get_state(request)
-    for key in body.env:
-        if not key or "=" in key or "\x00" in key or "\x00" in body.env[key]:
-            from .errors import ExecdError
-
-            raise ExecdError(400, f"invalid variable name or value: {key!r}", "invalid_env")
     state.env = {**state.env, **body.env} if body.merge else dict(body.env)
     return EnvState(env=state.env)
 

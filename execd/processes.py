@@ -16,11 +16,12 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import ExecdError
+from .errors import ExecdError, os_error
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HIDDEN_ENV_PREFIX = "CORRAL_EXECD_"  # never leak execd's token or config into the sandbox's processes
 HIDDEN_ENV = frozenset({"PYDANTIC_DISABLE_PLUGINS"})  # set by execd for itself (server.py)
+MAX_ID = 2**32 - 2  # largest valid uid/gid ((uid_t)-1 means "unchanged" to the kernel)
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,18 @@ def resolve_user(user: str | int | None) -> RunAs | None:
     """`user` as a name or numeric uid -> RunAs; None runs as execd's own user."""
     if user is None or user == "":
         return None
+    text = str(user)
+    numeric = text.isascii() and text.isdigit()  # not str.isdigit alone: "²" or "١" are digits to it
+    if numeric and int(text) > MAX_ID:
+        raise ExecdError(400, f"uid {text} is out of range", "unknown_user")
     try:
-        entry = pwd.getpwuid(int(user)) if str(user).isdigit() else pwd.getpwnam(str(user))
+        entry = pwd.getpwuid(int(text)) if numeric else pwd.getpwnam(text)
     except KeyError:
-        if str(user).isdigit():
-            return RunAs(int(user), int(user), (), str(user), "/")
+        if numeric:
+            return RunAs(int(text), int(text), (), text, "/")
         raise ExecdError(400, f"unknown user {user!r}", "unknown_user") from None
+    except ValueError:  # NUL byte, unencodable text
+        raise ExecdError(400, f"invalid user {user!r}", "unknown_user") from None
     try:
         import grp
 
@@ -86,6 +93,10 @@ def spawn(argv: list[str], *, cwd: str, env: dict[str, str], run_as: RunAs | Non
         raise ExecdError(400, f"executable not found: {argv[0]}", "not_found") from None
     except PermissionError as exc:
         raise ExecdError(403, f"cannot start {argv[0]}: {exc.strerror}", "forbidden") from None
+    except OSError as exc:  # E2BIG (argv/env too large), ENOEXEC, ...: the errno table's answer
+        raise os_error(exc, argv[0][:200]) from None
+    except (ValueError, UnicodeEncodeError) as exc:  # NUL or unencodable text that slipped past validation
+        raise ExecdError(400, f"cannot start {argv[0][:200]!r}: {exc}", "invalid_request") from None
 
 
 async def wait_exit(proc: subprocess.Popen) -> int:
@@ -163,9 +174,12 @@ def exit_info(returncode: int) -> tuple[int, str | None]:
 
 
 def parse_signal(value: str | int) -> int:
+    """A signal name (`TERM`, `SIGTERM`) or number (ASCII digits) that this system has, else 400."""
     text = str(value).upper()
-    if text.isdigit():
-        return int(text)
+    if text.isascii() and text.isdigit():
+        if len(text) < 4 and int(text) in signal.valid_signals():
+            return int(text)
+        raise ExecdError(400, f"signal {value!r} is out of range", "invalid_signal")
     name = text if text.startswith("SIG") else "SIG" + text
     try:
         return int(signal.Signals[name])

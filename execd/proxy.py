@@ -7,7 +7,9 @@ is on the cold-start path. The execd token is stripped before forwarding, so the
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
+from urllib.parse import quote
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -29,9 +31,23 @@ PARAMS = {"port": "TCP port on the sandbox's 127.0.0.1.", "path": "Path forwarde
 _client: Any = None
 
 
+_PREFIX = re.compile(r"^/v1/proxy/[^/]*/?")
+
+
+def _forwarded_path(scope: dict[str, Any], path: str) -> str:
+    """The path as the client sent it (still percent-encoded: `%0a` stays `%0a`, never a raw control character in
+    the upstream request line), minus the `/v1/proxy/{port}/` prefix."""
+    raw = scope.get("raw_path")
+    if raw:
+        return _PREFIX.sub("", raw.decode("latin-1"), count=1)
+    return quote(path, safe="/:@!$&'()*+,;=-._~")
+
+
 def _target(port: int, path: str, query: str, scheme: str = "http") -> str:
     if not 1 <= port <= 65535:
         raise ExecdError(400, f"port {port} is out of range", "invalid_port")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in path + query):
+        raise ExecdError(400, "the proxied path contains a space or control character", "invalid_path")
     return f"{scheme}://127.0.0.1:{port}/{path}" + (f"?{query}" if query else "")
 
 
@@ -58,12 +74,15 @@ async def close_client() -> None:
 async def _forward(request: Request) -> StreamingResponse:
     import httpx
 
-    port, path = request.path_params["port"], request.path_params.get("path", "")
-    url = _target(port, path, request.url.query)
+    port, path = request.path_params["port"], _forwarded_path(request.scope, request.path_params.get("path", ""))
+    url = _target(port, path, request.scope.get("query_string", b"").decode("latin-1"))
     has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
-    upstream_req = client().build_request(
-        request.method, url, headers=_headers(request.headers.raw), content=request.stream() if has_body else None
-    )
+    try:
+        upstream_req = client().build_request(
+            request.method, url, headers=_headers(request.headers.raw), content=request.stream() if has_body else None
+        )
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ExecdError(400, f"cannot forward to {url!r}: {exc}", "invalid_path") from None
     try:
         upstream = await client().send(upstream_req, stream=True)
     except httpx.ConnectError:
@@ -89,6 +108,13 @@ for _path in ("/v1/proxy/{port:int}", "/v1/proxy/{port:int}/{path:path}"):
     )(_forward)
 
 
+async def _refuse(ws: WebSocket, status: int, message: str, code: str) -> None:
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        await ws.send_denial_response(error_response(status, message, code))
+    else:
+        await ws.close(code=1011)
+
+
 @router.ws(
     "/v1/proxy/{port:int}/{path:path}", "Proxy a WebSocket to a port inside the sandbox", errors=(400, 502),
     path_params=PARAMS,
@@ -96,16 +122,16 @@ for _path in ("/v1/proxy/{port:int}", "/v1/proxy/{port:int}/{path:path}"):
 async def proxy_socket(ws: WebSocket) -> None:
     from websockets.asyncio.client import connect
 
-    port, path = ws.path_params["port"], ws.path_params.get("path", "")
+    port, path = ws.path_params["port"], _forwarded_path(ws.scope, ws.path_params.get("path", ""))
     protocols = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     try:
-        upstream = await connect(_target(port, path, ws.url.query, "ws"), subprotocols=protocols or None)  # type: ignore[arg-type]
+        target = _target(port, path, ws.scope.get("query_string", b"").decode("latin-1"), "ws")
+    except ExecdError as exc:
+        return await _refuse(ws, exc.status, exc.message, exc.code)
+    try:
+        upstream = await connect(target, subprotocols=protocols or None)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - refused, handshake rejected, ...
-        if "websocket.http.response" in ws.scope.get("extensions", {}):
-            await ws.send_denial_response(error_response(502, f"websocket to port {port} failed: {exc}", "bad_gateway"))
-        else:
-            await ws.close(code=1011)
-        return
+        return await _refuse(ws, 502, f"websocket to port {port} failed: {exc}", "bad_gateway")
     get_state_metrics(ws).inc("execd_proxy_requests_total", kind="websocket")
     await ws.accept(subprotocol=upstream.subprotocol)
     await relay(ws, upstream)

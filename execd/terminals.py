@@ -23,6 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from . import processes
 from .endpoints import Router
 from .errors import ExecdError, error_response
+from .inputs import EnvMap, Text, UserSpec
 from .ptysession import PtySession
 from .state import State, get_state
 
@@ -31,11 +32,11 @@ STDIN, STDOUT, REPLAY = b"\x00", b"\x01", b"\x03"
 
 
 class PtyRequest(BaseModel):
-    command: str | None = Field(None, description="Shell command line (run by `/bin/sh -c`); default: a login shell.")
-    argv: list[str] | None = Field(None, min_length=1, description="Program and arguments, instead of `command`.")
-    cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    user: str | None = None
+    command: Text | None = Field(None, description="Shell command line (run by `/bin/sh -c`); default: a login shell.")
+    argv: list[Text] | None = Field(None, min_length=1, description="Program and arguments, instead of `command`.")
+    cwd: Text | None = None
+    env: EnvMap = Field(default_factory=dict)
+    user: UserSpec | None = None
     cols: int = Field(80, ge=1, le=1000)
     rows: int = Field(24, ge=1, le=1000)
 
@@ -150,7 +151,10 @@ async def _handle_in(ws: WebSocket, session: PtySession, message: dict) -> None:
         if kind == "stdin":
             session.write(str(ctl["data"]).encode())
         elif kind == "resize":
-            session.resize(int(ctl["rows"]), int(ctl["cols"]))
+            rows, cols = int(ctl["rows"]), int(ctl["cols"])
+            if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
+                raise ValueError("rows and cols must be 1..1000")
+            session.resize(rows, cols)
         elif kind == "signal":
             session.send_signal(processes.parse_signal(ctl["signal"]))
         elif kind == "ping":
@@ -177,7 +181,7 @@ async def pty_socket(ws: WebSocket) -> None:
     if session.client is not None:
         session.client.put_nowait(("close", 4001))
     since_raw = ws.query_params.get("since")
-    since = int(since_raw) if since_raw and since_raw.isdigit() else None
+    since = int(since_raw) if since_raw and since_raw.isascii() and since_raw.isdigit() else None
     outbox: asyncio.Queue = asyncio.Queue()
     replay, start = session.attach(outbox, since)
     sender: asyncio.Task | None = None
