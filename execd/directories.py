@@ -14,6 +14,7 @@ from . import fsops, listing
 from .endpoints import Router
 from .errors import ExecdError, os_error
 from .fsops import FileInfo
+from .paths import Target
 from .state import State, get_state
 
 router = Router("directories")
@@ -46,15 +47,14 @@ class RmdirQuery(BaseModel):
     recursive: bool = Field(False, description="Delete the contents too (symlinks inside are removed, not followed).")
 
 
-def _directory(state: State, raw: str) -> str:
+def _directory(state: State, raw: str) -> Target:
     """Confine, then refuse a symlink root (400); a missing path is 404, a non-directory 400."""
-    real = state.path(raw)
-    literal = state.path(raw, follow=False)
+    literal = state.target(raw, follow=False)
+    real = state.target(raw)
     try:
-        if stat.S_ISLNK(os.lstat(literal).st_mode):
-            raise ExecdError(400, f"{raw} is a symlink; list its target instead", "symlink_root")
-        if not stat.S_ISDIR(os.stat(real).st_mode):
-            raise ExecdError(400, f"{raw} is not a directory", "not_a_directory")
+        with literal.parent() as dir_fd:
+            if stat.S_ISLNK(os.stat(literal.name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                raise ExecdError(400, f"{raw} is a symlink; list its target instead", "symlink_root")
     except OSError as exc:
         raise os_error(exc, raw) from None
     return real
@@ -69,8 +69,12 @@ async def list_directory(request: Request, query: ListQuery) -> Listing:
     until it is null yields every entry of an unchanged tree exactly once. Entries created or deleted while paging
     may be missed or omitted; none is returned twice."""
     root = _directory(get_state(request), query.path)
-    rows, cursor = await asyncio.to_thread(listing.page, root, query.depth, query.limit, query.cursor)
-    return Listing(path=root, entries=[fsops.info_from_stat(p, st) for p, st in rows], next_cursor=cursor)
+    dir_fd = root.open_dir()
+    try:
+        rows, cursor = await asyncio.to_thread(listing.page, dir_fd, root.path, query.depth, query.limit, query.cursor)
+    finally:
+        os.close(dir_fd)
+    return Listing(path=root.path, entries=[fsops.info_from_stat(*row) for row in rows], next_cursor=cursor)
 
 
 @router.post(
@@ -78,31 +82,35 @@ async def list_directory(request: Request, query: ListQuery) -> Listing:
 )
 async def make_directory(request: Request, body: MkdirRequest) -> FileInfo:
     """Idempotent: an existing directory is fine; an existing non-directory is 409."""
-    path = get_state(request).path(body.path, follow=False)
+    target = get_state(request).target(body.path, follow=False)
     mode = fsops.parse_mode(body.mode)
     try:
-        if body.parents:
-            os.makedirs(path, mode=mode, exist_ok=True)  # type: ignore[arg-type]
-        else:
-            os.mkdir(path, mode=mode)  # type: ignore[arg-type]
-    except FileExistsError:
-        if not os.path.isdir(path) or not body.parents:
-            raise ExecdError(409, f"{body.path} exists", "exists") from None
+        with target.parent(create=body.parents) as dir_fd:
+            try:
+                os.mkdir(target.name, mode, dir_fd=dir_fd)  # type: ignore[arg-type]
+            except FileExistsError:
+                existing = os.stat(target.name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(existing.st_mode) or not body.parents:
+                    raise ExecdError(409, f"{body.path} exists", "exists") from None
     except OSError as exc:
         raise os_error(exc, body.path) from None
-    return fsops.file_info(path)
+    return fsops.file_info(target)
 
 
 @router.delete("/v1/directories", "Delete a directory", query=RmdirQuery, errors=(400, 403, 404, 409))
 async def delete_directory(request: Request, query: RmdirQuery) -> None:
-    state = get_state(request)
-    path = _directory(state, query.path)
-    if path in state.roots:
+    """Removes entries relative to directory fds without following links (`shutil.rmtree(dir_fd=...)`), so a
+    directory swapped for a symlink meanwhile cannot make it delete anything outside the roots."""
+    target = _directory(get_state(request), query.path)
+    if target.is_root:
         raise ExecdError(403, f"{query.path} is an allowed root and cannot be deleted", "forbidden")
     try:
-        if query.recursive:
-            await asyncio.to_thread(shutil.rmtree, path)
-        else:
-            os.rmdir(path)
+        with target.parent() as dir_fd:
+            if not stat.S_ISDIR(os.stat(target.name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                raise ExecdError(400, f"{query.path} is not a directory", "not_a_directory")
+            if query.recursive:
+                await asyncio.to_thread(shutil.rmtree, target.name, dir_fd=dir_fd)
+            else:
+                os.rmdir(target.name, dir_fd=dir_fd)
     except OSError as exc:
         raise os_error(exc, query.path) from None

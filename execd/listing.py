@@ -3,6 +3,9 @@
 The cursor is the path (as components) of the last entry of a page, so resuming costs one sorted directory
 listing per level of that path, and every entry of an unchanged tree is returned exactly once. Entries added or
 removed between pages before the cursor position are not revisited (documented on the endpoint).
+
+The walk holds a directory fd per level and opens each child relative to it without following links (paths.py),
+so swapping a directory for a symlink while a listing runs cannot make it list anything outside the roots.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import base64
 import bisect
 import binascii
+import contextlib
 import json
 import os
 import stat
@@ -17,33 +21,39 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from .errors import ExecdError
+from .fsops import Pacer, stat_at
+from .paths import DIR_FLAGS
 
 _CACHE_DIRS = 64
 _sorted_cache: OrderedDict[str, tuple[tuple[int, int], list[str]]] = OrderedDict()
 
 
-def sorted_names(path: str) -> list[str]:
+def sorted_names(fd: int, path: str) -> list[str]:
     """Sorted entry names of a directory, cached by (inode, mtime) so consecutive pages don't re-sort big ones."""
-    st = os.stat(path)
+    st = os.fstat(fd)
     key = (st.st_ino, st.st_mtime_ns)
     hit = _sorted_cache.get(path)
     if hit is not None and hit[0] == key:
         _sorted_cache.move_to_end(path)
         return hit[1]
-    names = sorted(os.listdir(path))
+    names = sorted(os.listdir(fd))
     _sorted_cache[path] = (key, names)
     if len(_sorted_cache) > _CACHE_DIRS:
         _sorted_cache.popitem(last=False)
     return names
 
 
-def walk(root: str, depth: int, after: list[str] | None) -> Iterator[tuple[list[str], str, os.stat_result]]:
-    """(components, absolute path, lstat) of every entry up to `depth` levels below `root`, in pre-order with sorted
-    names, starting strictly after the entry `after` (components). Symlinks are listed, never followed."""
+Row = tuple[str, os.stat_result, str | None]  # absolute path, lstat, link target
 
-    def level(dir_abs: str, rel: list[str], lvl: int, resume: list[str] | None):
+
+def walk(dir_fd: int, root: str, depth: int, after: list[str] | None) -> Iterator[tuple[list[str], Row]]:
+    """(components, row) of every entry up to `depth` levels below the directory `dir_fd` (shown as `root`), in
+    pre-order with sorted names, starting strictly after the entry `after` (components). Symlinks are listed, never
+    followed."""
+
+    def level(fd: int, dir_abs: str, rel: list[str], lvl: int, resume: list[str] | None):
         try:
-            names = sorted_names(dir_abs)
+            names = sorted_names(fd, dir_abs)
         except OSError:
             return
         start = bisect.bisect_left(names, resume[0]) if resume else 0
@@ -51,19 +61,26 @@ def walk(root: str, depth: int, after: list[str] | None) -> Iterator[tuple[list[
             path = os.path.join(dir_abs, name)
             comps = [*rel, name]
             try:
-                st = os.lstat(path)
+                st, link = stat_at(fd, name)
             except OSError:
                 continue
             inside: list[str] | None = None
             if resume and name == resume[0]:
                 inside = resume[1:] or None  # this entry was returned on an earlier page
             else:
-                yield comps, path, st
+                yield comps, (path, st, link)
             resume = None
             if lvl < depth and stat.S_ISDIR(st.st_mode):
-                yield from level(path, comps, lvl + 1, inside)
+                try:
+                    child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                try:
+                    yield from level(child, path, comps, lvl + 1, inside)
+                finally:
+                    os.close(child)
 
-    yield from level(root, [], 1, after)
+    yield from level(dir_fd, root, [], 1, after)
 
 
 def encode_cursor(root: str, depth: int, after: list[str]) -> str:
@@ -85,13 +102,16 @@ def decode_cursor(cursor: str, root: str, depth: int) -> list[str]:
     return after
 
 
-def page(root: str, depth: int, limit: int, cursor: str | None) -> tuple[list[tuple[str, os.stat_result]], str | None]:
+def page(dir_fd: int, root: str, depth: int, limit: int, cursor: str | None) -> tuple[list[Row], str | None]:
     after = decode_cursor(cursor, root, depth) if cursor else None
-    out: list[tuple[str, os.stat_result]] = []
+    out: list[Row] = []
     last: list[str] = []
-    for comps, path, st in walk(root, depth, after):
-        if len(out) == limit:
-            return out, encode_cursor(root, depth, last)
-        out.append((path, st))
-        last = comps
+    pacer = Pacer()  # a page of 10,000 entries must not starve the event loop of the GIL either
+    with contextlib.closing(walk(dir_fd, root, depth, after)) as rows:
+        for comps, row in rows:
+            pacer.tick()
+            if len(out) == limit:
+                return out, encode_cursor(root, depth, last)
+            out.append(row)
+            last = comps
     return out, None

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 ENV_PREFIX = "CORRAL_EXECD_"
 DEFAULT_PORT = 44772
+SEARCH_BUDGET_SECONDS = 10.0
 
 
 class Settings(BaseModel):
@@ -25,6 +26,7 @@ class Settings(BaseModel):
     pty_buffer_bytes: int = Field(1 << 20, ge=1024, description="PTY output kept for reattach replay.")
     kill_grace_seconds: float = Field(2.0, ge=0, description="SIGTERM to SIGKILL escalation on interrupt.")
     max_finished_commands: int = Field(256, ge=1, description="Finished background commands kept for status/logs.")
+    search_budget_seconds: float = Field(SEARCH_BUDGET_SECONDS, gt=0, description="Time one files/search may walk.")
     log_level: str = Field("warning", description="uvicorn log level.")
 
     @field_validator("roots")
@@ -50,7 +52,9 @@ class Settings(BaseModel):
             token = Path(token_file).read_text().strip()
         if token:
             values["token"] = token
-        for key in ("host", "port", "workspace", "log_level"):
+        for key in cls.model_fields:
+            if key in ("token", "roots"):
+                continue
             if (raw := env.get(ENV_PREFIX + key.upper())) is not None:
                 values[key] = raw
         if raw_roots := env.get(ENV_PREFIX + "ROOTS"):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .metrics import Metrics
-from .paths import confine
+from .paths import Target, confine, locate
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -32,6 +32,10 @@ class State:
 
     def path(self, raw: str, *, follow: bool = True) -> str:
         return confine(raw, self.roots, self.workspace, follow=follow)
+
+    def target(self, raw: str, *, follow: bool = True) -> Target:
+        """The confined entry, to be opened relative to directory fds (paths.Target): what every file op uses."""
+        return locate(raw, self.roots, self.workspace, follow=follow)
 
 
 def get_state(conn: HTTPConnection) -> State:
