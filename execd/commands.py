@@ -84,6 +84,9 @@ class CommandLogs(BaseModel):
     chunks: list[OutputChunk]
     next_cursor: int = Field(description="Pass as `cursor` to get only later output.")
     dropped: int = Field(description="Chunks discarded because the retained log is bounded.")
+    dropped_bytes: int = Field(0, description="Bytes of output discarded (per-command or daemon-wide bound).")
+    truncated: bool = Field(False, description="Output was discarded: the oldest chunks of this command, or all of "
+                            "it once finished, when the daemon's bound on all retained output was reached.")
 
 
 class LogsQuery(BaseModel):
@@ -122,6 +125,9 @@ def _start(state: State, body: CommandRequest, mode: str) -> Command:
         log_bytes=s.log_buffer_bytes, metrics=state.metrics,
     )
     state.commands[cmd.id] = cmd
+    if mode == "background":
+        cmd.retention = state.retention
+        state.retention.track(cmd)
     state.metrics.inc("execd_commands_total", mode=mode)
     return cmd
 
@@ -130,6 +136,7 @@ def _forget_finished(state: State) -> None:
     finished = [c for c in state.commands.values() if not c.running and c.mode == "background"]
     for cmd in finished[: max(0, len(finished) - state.settings.max_finished_commands)]:
         state.commands.pop(cmd.id, None)
+        state.retention.forget(cmd)
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -236,12 +243,13 @@ async def command_status(request: Request) -> CommandStatus:
     response=CommandLogs, errors=(400, 404), path_params={"id": "Command id."},
 )
 async def command_logs(request: Request, query: LogsQuery) -> CommandLogs:
-    """The retained output (bounded: the oldest chunks are dropped first, counted in `dropped`)."""
+    """The retained output (bounded per command and across all commands: the oldest chunks are dropped first,
+    and a finished command's output before a running one's; `truncated`, `dropped` and `dropped_bytes` say so)."""
     cmd = _get(get_state(request), request.path_params["id"])
     chunks = [_chunk(e) for e in list(cmd.log) if e.seq > query.cursor]
     return CommandLogs(
         id=cmd.id, running=cmd.running, chunks=chunks, next_cursor=chunks[-1].seq if chunks else query.cursor,
-        dropped=cmd.dropped,
+        dropped=cmd.dropped, dropped_bytes=cmd.dropped_bytes, truncated=cmd.dropped > 0,
     )
 
 

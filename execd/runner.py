@@ -46,6 +46,8 @@ class Command:
     log: deque[Event] = field(default_factory=deque)
     log_size: int = 0
     dropped: int = 0
+    dropped_bytes: int = 0
+    retention: Any = None  # retention.Retention: the bound on all background commands' logs together
     queue: asyncio.Queue | None = None
     queued: int = 0
     seq: int = 0
@@ -131,10 +133,23 @@ class Command:
         else:
             self.log.append(event)
             self.log_size += len(data)
-            while self.log_size > self.log_bytes and len(self.log) > 1:
-                old = self.log.popleft()
-                self.log_size -= len(old.data)
-                self.dropped += 1
+            if self.retention is not None:
+                self.retention.grew(len(data))
+            if self.log_size > self.log_bytes:
+                self.drop_oldest(len(self.log) - 1, keep_bytes=self.log_bytes)
+
+    def drop_oldest(self, chunks: int, keep_bytes: int = 0) -> None:
+        """Drop up to `chunks` of the oldest retained chunks, stopping once no more than `keep_bytes` are left."""
+        freed = 0
+        while chunks > 0 and self.log and self.log_size - freed > keep_bytes:
+            old = self.log.popleft()
+            freed += len(old.data)
+            self.dropped += 1
+            chunks -= 1
+        self.log_size -= freed
+        self.dropped_bytes += freed
+        if self.retention is not None:
+            self.retention.shrank(freed)
 
     def consumed(self, event: Event) -> None:
         """The stream client took `event`: resume paused readers once the backlog is small again."""

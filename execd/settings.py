@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 ENV_PREFIX = "CORRAL_EXECD_"
 DEFAULT_PORT = 44772
+MAX_RETAINED_OUTPUT = 64 << 20  # all background commands' logs together (per command: log_buffer_bytes)
 SEARCH_BUDGET_SECONDS = 10.0
 
 
@@ -26,6 +27,10 @@ class Settings(BaseModel):
     pty_buffer_bytes: int = Field(1 << 20, ge=1024, description="PTY output kept for reattach replay.")
     kill_grace_seconds: float = Field(2.0, ge=0, description="SIGTERM to SIGKILL escalation on interrupt.")
     max_finished_commands: int = Field(256, ge=1, description="Finished background commands kept for status/logs.")
+    retained_output_bytes: int = Field(
+        MAX_RETAINED_OUTPUT, ge=1024,
+        description="Background output retained across all commands; the oldest finished commands' goes first.",
+    )
     search_budget_seconds: float = Field(SEARCH_BUDGET_SECONDS, gt=0, description="Time one files/search may walk.")
     log_level: str = Field("warning", description="uvicorn log level.")
 

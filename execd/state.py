@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .metrics import Metrics
 from .paths import Target, confine, locate
+from .retention import Retention
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -22,9 +23,11 @@ class State:
     env: dict[str, str] = field(default_factory=dict)  # PUT /v1/env: merged into every later command and PTY
     commands: dict[str, Any] = field(default_factory=dict)
     ptys: dict[str, Any] = field(default_factory=dict)
+    retention: Retention = field(init=False)
 
     def __post_init__(self) -> None:
         self.roots = self.settings.allowed_roots()
+        self.retention = Retention(self.settings.retained_output_bytes)
 
     @property
     def workspace(self) -> str:
