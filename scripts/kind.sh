@@ -3,10 +3,11 @@
 #
 #   scripts/kind.sh up [NAME]            create it if missing (idempotent) and print its kubeconfig path
 #   scripts/kind.sh down [NAME]          delete it (its node container and kubeconfig)
-#   scripts/kind.sh load IMAGE [NAME]    copy a local Docker image into the node (kind load docker-image)
+#   scripts/kind.sh load IMAGE...        copy local Docker images into the node (kind load docker-image)
 #   scripts/kind.sh kubeconfig [NAME]    print the kubeconfig path
 #
-# NAME defaults to $CORRAL_KIND_NAME or "corral"; the tests use a cluster of their own ("corral-test").
+# NAME defaults to $CORRAL_KIND_NAME or "corral" (`load` takes it only from there); the tests use a cluster of
+# their own ("corral-test").
 # The API server listens on 127.0.0.1 (a random port, in the kubeconfig); reach pods through port-forwards.
 #
 # What it uses, each overridable for a machine that has its own:
@@ -106,10 +107,9 @@ case "$cmd" in
     if exists; then "$(kind_bin)" delete cluster --name "$NAME" >&2; fi
     rm -f "$(kubeconfig_path)" ;;
   load)
-    [[ $# -ge 1 ]] || die "usage: scripts/kind.sh load IMAGE [NAME]"
-    img="$1"; NAME="${2:-$NAME}"
+    [[ $# -ge 1 ]] || die "usage: scripts/kind.sh load IMAGE..."
     privileged_ok || export CORRAL_KIND_UNPRIVILEGED=1
-    "$(kind_bin)" load docker-image "$img" --name "$NAME" >&2 ;;
+    "$(kind_bin)" load docker-image "$@" --name "$NAME" >&2 ;;
   kubeconfig) NAME="${1:-$NAME}"; kubeconfig_path ;;
-  *) die "usage: scripts/kind.sh up|down|load IMAGE|kubeconfig [NAME]" ;;
+  *) die "usage: scripts/kind.sh up|down|kubeconfig [NAME], scripts/kind.sh load IMAGE..." ;;
 esac

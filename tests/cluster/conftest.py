@@ -21,8 +21,8 @@ def kind_cluster() -> Iterator[KindCluster]:
     script("kind.sh", "down", CLUSTER)                      # a cluster left by an interrupted run starts over
     kubeconfig = script("kind.sh", "up", CLUSTER, timeout=3600)
     controller = script("controller-image.sh")
-    for image in (controller, "corral/controller:0.1.0", "corral/python:bookworm", "corral/base:bookworm"):
-        script("kind.sh", "load", image, CLUSTER, timeout=900)
+    script("kind.sh", "load", controller, "corral/controller:0.1.0", "corral/python:bookworm", "corral/base:bookworm",
+           timeout=1200)
     yield KindCluster(CLUSTER, kubeconfig, before)
     script("kind.sh", "down", CLUSTER)
 
