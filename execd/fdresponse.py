@@ -75,8 +75,10 @@ class FdFileResponse(Response):
                     break
                 offset += len(data)
                 left -= len(data)
-                await send({"type": "http.response.body", "body": data, "more_body": left > 0})
-            if left > 0:
-                await send({"type": "http.response.body", "body": b""})
+                if left > 0:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                else:
+                    return await send({"type": "http.response.body", "body": data})
+            await send({"type": "http.response.body", "body": b""})  # empty file, or cut short
         finally:
             os.close(self.fd)

@@ -132,6 +132,23 @@ def test_download_range(client, ws_dir):
     assert r.status_code == 206 and r.content == b"2345"
 
 
+def test_download_range_forms(client, ws_dir):
+    """Downloads stream the fd execd opened (not the path again): suffix and open ranges, one unsatisfiable range
+    (416 in the error shape), several ranges (served whole: a server may ignore them), an empty file."""
+    (ws_dir / "r.txt").write_bytes(b"0123456789")
+    get = lambda rng: client.get("/v1/files/download", params={"path": str(ws_dir / "r.txt")},  # noqa: E731
+                                 headers={"Range": rng})
+    r = get("bytes=-3")
+    assert (r.status_code, r.content, r.headers["content-range"]) == (206, b"789", "bytes 7-9/10")
+    assert (get("bytes=8-").status_code, get("bytes=8-").content) == (206, b"89")
+    r = get("bytes=20-")
+    assert (r.status_code, r.json()["code"], r.headers["content-range"]) == (416, "range_not_satisfiable", "bytes */10")
+    assert (get("bytes=0-1,3-4").status_code, get("bytes=0-1,3-4").content) == (200, b"0123456789")
+    (ws_dir / "empty").touch()
+    r = client.get("/v1/files/download", params={"path": str(ws_dir / "empty")})
+    assert (r.status_code, r.content, r.headers["content-length"]) == (200, b"", "0")
+
+
 def test_info_move_chmod_delete(client, ws_dir):
     src, dst = ws_dir / "a.txt", ws_dir / "b.txt"
     src.write_text("hello")
