@@ -37,10 +37,11 @@ def start_daemon(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
     return start(env, port, log, timeout=START_TIMEOUT)
 
 
-def launch(base: Path, **settings: object) -> Daemon:
-    """A daemon with a workspace, a second root and an outside directory under `base`; `settings` become
-    CORRAL_EXECD_<NAME> variables (e.g. `retained_output_bytes=4096` for a test of a small bound)."""
-    workspace, scratch, outside = base / "workspace", base / "scratch", base / "outside"
+def launch(base: Path, scratch: Path | None = None, **settings: object) -> Daemon:
+    """A daemon with a workspace, a second root (`scratch`, default under `base`) and an outside directory under
+    `base`; `settings` become CORRAL_EXECD_<NAME> variables (e.g. `retained_output_bytes=4096`)."""
+    workspace, outside = base / "workspace", base / "outside"
+    scratch = scratch or base / "scratch"
     for d in (workspace, scratch, outside):
         d.mkdir()
     (outside / "secret.txt").write_text("not for you")

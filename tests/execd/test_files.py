@@ -6,6 +6,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -261,3 +262,44 @@ def test_upload_interrupted_leaves_no_file(daemon, ws_dir):
         time.sleep(0.05)
     assert not path.exists()
     assert not [p for p in os.listdir(ws_dir) if p.endswith(".execd-tmp")]
+
+
+@pytest.fixture(scope="module")
+def two_filesystems(tmp_path_factory):
+    """A daemon whose second root is on another filesystem (/dev/shm is a tmpfs): moves between roots copy."""
+    import shutil
+    import tempfile
+
+    from execdutil import launch, stop
+
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm")) / "scratch"
+    base = tmp_path_factory.mktemp("execd-xdev")
+    assert os.stat(base).st_dev != os.stat(shm.parent).st_dev
+    d = launch(base, scratch=shm)
+    yield d
+    stop(d)
+    shutil.rmtree(shm.parent)
+
+
+def test_move_to_another_filesystem_copies_links_as_links(two_filesystems):
+    d = two_filesystems
+    tree = d.workspace / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "x.sh").write_text("#!/bin/sh\n")
+    (tree / "sub" / "x.sh").chmod(0o750)
+    (tree / "out").symlink_to(d.outside / "secret.txt")
+    (d.workspace / "f.txt").write_text("f")
+    with d.client() as c:
+        r = c.post("/v1/files/mv", json={"source": str(d.workspace / "f.txt"), "destination": str(d.scratch / "f.txt")})
+        assert r.status_code == 200 and (d.scratch / "f.txt").read_text() == "f"
+        assert not (d.workspace / "f.txt").exists()
+        r = c.post("/v1/files/mv", json={"source": str(tree), "destination": str(d.scratch / "tree")})
+        assert r.status_code == 200, r.text
+        (d.workspace / "f.txt").write_text("again")
+        r = c.post("/v1/files/mv", json={"source": str(d.workspace / "f.txt"), "destination": str(d.scratch / "f.txt")})
+        assert r.status_code == 409
+    moved = d.scratch / "tree"
+    assert not tree.exists()
+    assert (moved / "sub" / "x.sh").read_text() == "#!/bin/sh\n" and (moved / "sub" / "x.sh").stat().st_mode & 0o777 == 0o750
+    assert os.readlink(moved / "out") == str(d.outside / "secret.txt")  # the link itself, not the secret's bytes
+    assert not [p for p in os.listdir(d.scratch) if p.endswith(".execd-tmp")]
