@@ -153,7 +153,7 @@ img() {  # img NAME:TAG FROM BINARY PATH_IN_IMAGE [ENTRYPOINT_JSON]
     echo 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
     [[ -n "$entry" ]] && echo "ENTRYPOINT $entry"
   } >"$ctx/Dockerfile"
-  DOCKER_BUILDKIT=0 docker build -q -t "$ref" "$ctx" >/dev/null || die "docker build $ref failed"
+  DOCKER_BUILDKIT=0 docker build -q -t "$ref" "$ctx" >/dev/null 2>&1 || die "docker build $ref failed"
   docker save "$ref" >"$work/images/${ref//[\/:]/_}.tar"
 }
 mkdir -p "$work/images"
@@ -174,7 +174,7 @@ ctx="$work/img-kube-proxy-wrap"; mkdir -p "$ctx"
 printf '#!/bin/sh\nexec /usr/local/bin/iptables-mode /usr/local/bin/kube-proxy.bin "$@"\n' >"$ctx/kube-proxy"
 chmod 0755 "$ctx/kube-proxy"
 printf 'FROM registry.k8s.io/kube-proxy:v%s\nCOPY kube-proxy /usr/local/bin/kube-proxy\n' "$KUBE_VERSION" >"$ctx/Dockerfile"
-DOCKER_BUILDKIT=0 docker build -q -t "registry.k8s.io/kube-proxy:v$KUBE_VERSION" "$ctx" >/dev/null || die "kube-proxy wrapper"
+DOCKER_BUILDKIT=0 docker build -q -t "registry.k8s.io/kube-proxy:v$KUBE_VERSION" "$ctx" >/dev/null 2>&1 || die "kube-proxy wrapper"
 docker save "registry.k8s.io/kube-proxy:v$KUBE_VERSION" >"$work/images/registry.k8s.io_kube-proxy_v$KUBE_VERSION.tar"
 
 # 3. Assemble: run the rootfs, import every image into its containerd (namespace k8s.io) and pin it, commit.
@@ -199,13 +199,22 @@ ctr -n k8s.io images ls -q | sort >/kind/images.txt
 kill %1; wait || true
 rm -rf /kind/images /tmp/containerd.log
 NODE
-docker exec "$node" cat /kind/images.txt >&2
+log "images in the node: $(docker exec "$node" grep -v '^sha256:' /kind/images.txt | tr '\n' ' ')"
 docker stop -t 5 "$node" >/dev/null
-docker commit \
-  --change 'ENTRYPOINT ["/usr/local/bin/entrypoint-corral", "/sbin/init"]' --change 'CMD []' \
-  --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' \
-  --change "LABEL dev.corral.image-key=$KEY" "$node" "$TAG" >/dev/null
+docker commit "$node" "$TAG-assembled" >/dev/null
 docker rm -f "$node" >/dev/null; node=""
+# STOPSIGNAL cannot be set by `docker commit --change` on every engine: one more (metadata-only) build step.
+mkdir -p "$work/final"
+cat >"$work/final/Dockerfile" <<DOCKERFILE
+FROM $TAG-assembled
+ENV container=docker
+STOPSIGNAL SIGRTMIN+3
+LABEL dev.corral.image-key=$KEY
+ENTRYPOINT ["/usr/local/bin/entrypoint-corral", "/sbin/init"]
+CMD []
+DOCKERFILE
+DOCKER_BUILDKIT=0 docker build -q -t "$TAG" "$work/final" >/dev/null 2>&1 || die "tagging the node image failed"
+docker rmi "$TAG-assembled" >/dev/null
 mkdir -p "$IMAGES"
 rm -f "$IMAGES"/kind-node-v"$KUBE_VERSION"-*.tar.gz
 docker save "$TAG" | gzip -1 >"$TARBALL.tmp" && mv "$TARBALL.tmp" "$TARBALL"
