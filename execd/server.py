@@ -14,7 +14,17 @@ def install(dest: str) -> int:
     if not getattr(sys, "frozen", False):
         print("corral-execd: install only works from the bundle", file=sys.stderr)
         return 2
-    shutil.copytree(os.path.dirname(os.path.abspath(sys.executable)), dest, symlinks=True, dirs_exist_ok=True)
+    # Entry by entry: DEST itself is the volume's root, owned by root on a real node (fsGroup only adds group
+    # write), so its own mode and times cannot be set by the sandbox user; copytree(src, DEST) would try, and fail.
+    src = os.path.dirname(os.path.abspath(sys.executable))
+    for entry in os.scandir(src):
+        target = os.path.join(dest, entry.name)
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry.path), target)
+        elif entry.is_dir():
+            shutil.copytree(entry.path, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(entry.path, target)
     print(f"corral-execd: installed into {dest}")
     return 0
 
