@@ -224,6 +224,8 @@ def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster,
 
 
 def test_destroy_leaves_nothing_behind(kind_cluster, dev_stack):
+    running = [p for p in pods(kind_cluster, SBX_NS, "app.kubernetes.io/managed-by=corral-operator") if ready(p)]
+    assert len(running) >= 3, "destroy is tested on a running stack: its warm pool's sandboxes Ready"
     dev_stack.pulumi("destroy", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview")
     crds = kind_cluster.kubectl("get", "crd", "-o", "name").stdout
     assert "corral.dev" not in crds, crds
