@@ -195,6 +195,37 @@ def unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error(500, "internal", f"internal error ({type(exc).__name__}); see the operator's log")
 
 
+def allowed_methods(app: FastAPI, scope: Scope) -> str:
+    """Every method some route serves at this path: the Allow header of a 405."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if getattr(route, "methods", None) and route.matches({**scope, "type": "http"})[0] != Match.NONE:
+            methods |= set(route.methods)  # type: ignore[attr-defined]
+    return ", ".join(sorted(methods))
+
+
+def openapi_with_security(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus what the Edge enforces: every documented route needs the bearer token (health,
+    metrics and the docs are not in the document)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes, description=DESCRIPTION)
+        doc.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "The API token (CORRAL_API_TOKEN)."}}
+        doc["security"] = [{"bearer": []}]
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+DESCRIPTION = """The claims API of Corral's operator (Docker and Kubernetes modes alike). Every route here needs
+`Authorization: Bearer <token>`, checked before any body is read (401 `unauthorized`); JSON bodies are capped at
+1 MiB (413 `too_large`); every error is `{code, message}`. Not listed: `/v1/health` and `/metrics` (no token), and
+`/v1/claims/{name}/execd/{path}`, a streaming proxy to the sandbox's execd (its own document: execd/openapi.json)."""
+
+
 def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 3600.0,
                max_body: int = MAX_JSON_BODY) -> FastAPI:
     if not token:
@@ -209,6 +240,7 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
         await app.state.http.aclose()
 
     app = FastAPI(title="Corral claims API", version="v1", lifespan=lifespan, responses=ERRORS)
+    app.openapi = lambda: openapi_with_security(app)  # type: ignore[method-assign]
     app.add_middleware(Edge, expected=expected, max_body=max_body)  # outside routing: before any body is read
 
     @app.exception_handler(BackendError)
@@ -227,9 +259,11 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
         return error(400, "invalid", "; ".join(parts))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         response = error(exc.status_code, CODES.get(exc.status_code, "http_error"), str(exc.detail))
         response.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the first matching route's methods only (POST for /v1/claims)
+            response.headers["allow"] = allowed_methods(app, request.scope)
         return response
 
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

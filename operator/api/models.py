@@ -8,7 +8,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from corral.api.common import DNS_LABEL, DNS_SUBDOMAIN, MAX_ENV_VARS, env_var_problem
+from corral.api.common import (
+    DNS_LABEL, DNS_SUBDOMAIN, ENV_NAME, EXECD_ENV_PREFIX, MAX_ENV_NAME, MAX_ENV_VALUE, MAX_ENV_VARS, NO_NUL,
+    env_var_problem,
+)
 
 Phase = Literal["Pending", "Ready", "Paused", "Expired", "Failed"]
 
@@ -25,6 +28,16 @@ _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,128}"
 IMAGE_REF = (rf"^(?:(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?"
              r"|(?:sha256:)?[0-9a-f]{12,64})$")
+
+
+# The env rules of env_var_problem as JSON Schema, so the document says what the validator enforces.
+ENV_NAME_SCHEMA = {"pattern": ENV_NAME, "maxLength": MAX_ENV_NAME, "not": {
+    "pattern": "^" + "".join(f"[{c}{c.lower()}]" if c.isalpha() else c for c in EXECD_ENV_PREFIX)}}
+
+
+def whole_number(v: object) -> object:
+    """60.0 is the integer 60 in JSON (and JSON Schema); true, "60" and 60.5 stay what they are (strict refuses them)."""
+    return int(v) if type(v) is float and v.is_integer() else v
 
 
 class _M(BaseModel):
@@ -46,7 +59,9 @@ class ClaimRequest(_M):
                                 description="Env for the sandbox's commands, if the template's envVarsInjectionPolicy "
                                 "allows it (injected into a warm sandbox). Names as Kubernetes takes them (letters, "
                                 "digits, '-', '.', '_', not starting with a digit; CORRAL_EXECD_* reserved), values "
-                                f"without NUL; at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes in all.")
+                                f"without NUL; at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes in all.",
+                                json_schema_extra={"propertyNames": ENV_NAME_SCHEMA, "additionalProperties": {
+                                    "type": "string", "maxLength": MAX_ENV_VALUE, "pattern": NO_NUL}})
     ttl_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_SECONDS, strict=True,
                                     description="Lease: the claim expires (and its sandbox is released) this long "
                                                 "after creation or the last renew. None: no expiry.")
@@ -59,6 +74,8 @@ class ClaimRequest(_M):
     timeout_seconds: float = Field(default=120, ge=0, le=3600, strict=True, allow_inf_nan=False,
                                    description="How long the create call waits for the sandbox to be ready; 0 answers "
                                    "at once (202 while Pending).")
+
+    _ttl = field_validator("ttl_seconds", mode="before")(whole_number)
 
     @field_validator("env")
     @classmethod
@@ -99,6 +116,8 @@ class ClaimList(_M):
 class RenewRequest(_M):
     ttl_seconds: int = Field(ge=1, le=MAX_TTL_SECONDS, strict=True, description="New lease, counted from now "
                              "(an integer: true, \"60\" and 60.5 are refused).")
+
+    _ttl = field_validator("ttl_seconds", mode="before")(whole_number)
 
 
 class SnapshotRequest(_M):
