@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -21,8 +21,9 @@ ROUTERS: list[Router] = [
 ]
 
 
-def create_app(settings: Settings) -> Starlette:
-    state = State(settings=settings, metrics=new_metrics())
+def create_app(settings: Settings, on_token: Callable[[str], None] | None = None) -> Starlette:
+    """`on_token` is called with each token PUT /v1/token sets (the supervisor keeps it for a restart)."""
+    state = State(settings=settings, metrics=new_metrics(), on_token=on_token)
     state.metrics.gauge_fn(
         "execd_commands_running", "Commands currently running.",
         lambda: sum(1 for c in state.commands.values() if c.running),
@@ -50,7 +51,7 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers=HANDLERS,  # type: ignore[arg-type]
         middleware=[
             Middleware(MetricsMiddleware, metrics=state.metrics, templates=templates),  # type: ignore[arg-type]
-            Middleware(AuthMiddleware, token=settings.token, public_paths=public),  # type: ignore[arg-type]
+            Middleware(AuthMiddleware, holder=state, public_paths=public),  # type: ignore[arg-type]
         ],
         lifespan=lifespan,
     )

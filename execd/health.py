@@ -1,4 +1,5 @@
-"""/v1/health (the only endpoint without a token), /v1/metrics (Prometheus text), /v1/env (claim env injection)."""
+"""/v1/health (the only endpoint without a token), /v1/metrics (Prometheus text), /v1/env (claim env injection),
+/v1/token (the operator rotates the token at each bind and release)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ class EnvState(BaseModel):
     env: dict[str, str]
 
 
+class TokenBody(BaseModel):
+    token: str = Field(pattern=r"^[A-Za-z0-9._~+/=-]{16,512}$", description="The token every later request needs.")
+
+
+class TokenState(BaseModel):
+    rotated: bool = True
+
+
 @router.get("/v1/health", "Liveness and readiness (no token needed)", response=Health, public=True)
 async def health(_: Request) -> Health:
     return Health(version=__version__, uptime_seconds=round(time.time() - STARTED, 3))
@@ -56,3 +65,14 @@ async def set_env(request: Request, body: EnvBody) -> EnvState:
 @router.get("/v1/env", "The injected env", response=EnvState)
 async def get_env(request: Request) -> EnvState:
     return EnvState(env=get_state(request).env)
+
+
+@router.put("/v1/token", "Replace the token (the operator, at each bind and release)", body=TokenBody,
+            response=TokenState, errors=(400,))
+async def rotate_token(request: Request, body: TokenBody) -> TokenState:
+    """Only a caller holding the current token gets here, i.e. the operator: it gives each claim a token of its own
+    when it binds the sandbox and takes it back when the claim ends, so a former claim's token stops working on a
+    recycled sandbox. Requests already past authentication (a running stream, an open PTY) are not cut; every later
+    one needs the new token. The supervisor keeps it, so a restarted execd still takes it (server.py)."""
+    get_state(request).rotate_token(body.token)
+    return TokenState()

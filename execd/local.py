@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -19,12 +20,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(env: dict[str, str], port: int, log: Path, *, timeout: float = 60.0) -> subprocess.Popen:
+def start(env: dict[str, str], port: int, log: Path, *, timeout: float = 60.0, **popen: Any) -> subprocess.Popen:
     """Start `python -m corral.execd` with `env` (CORRAL_EXECD_*), logging to `log`, in its own session; wait until
-    it answers on 127.0.0.1:`port` (RuntimeError with the log's tail if it exits or stays silent)."""
+    it answers on 127.0.0.1:`port` (RuntimeError with the log's tail if it exits or stays silent). `popen` goes to
+    Popen (e.g. `user`/`group`, to run it as a sandbox's unprivileged uid)."""
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "corral.execd"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, **popen)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

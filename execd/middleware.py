@@ -23,18 +23,19 @@ def presented_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 class AuthMiddleware:
-    """Answer 401 `{code, message}` unless the request carries the sandbox token (constant-time compare)."""
+    """Answer 401 `{code, message}` unless the request carries the sandbox token (constant-time compare). The token
+    is read from `holder.token` on every request: PUT /v1/token replaces it there."""
 
-    def __init__(self, app: Any, token: str, public_paths: frozenset[str]) -> None:
+    def __init__(self, app: Any, holder: Any, public_paths: frozenset[str]) -> None:
         self.app = app
-        self.token = token.encode()
+        self.holder = holder
         self.public = public_paths
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket") or scope["path"] in self.public:
             return await self.app(scope, receive, send)
         given = presented_token(scope.get("headers", []))
-        if given is not None and hmac.compare_digest(given, self.token):
+        if given is not None and hmac.compare_digest(given, self.holder.token):
             return await self.app(scope, receive, send)
         body = json.dumps({"code": "unauthorized", "message": "missing or wrong execd token"}).encode()
         headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +25,18 @@ class State:
     commands: dict[str, Any] = field(default_factory=dict)
     ptys: dict[str, Any] = field(default_factory=dict)
     retention: Retention = field(init=False)
+    token: bytes = b""  # the one AuthMiddleware compares with; PUT /v1/token replaces it
+    on_token: Callable[[str], None] | None = None  # tells the supervisor (server.py), so a restart keeps it
 
     def __post_init__(self) -> None:
         self.roots = self.settings.allowed_roots()
         self.retention = Retention(self.settings.retained_output_bytes)
+        self.token = self.settings.token.encode()
+
+    def rotate_token(self, token: str) -> None:
+        self.token = token.encode()
+        if self.on_token is not None:
+            self.on_token(token)
 
     @property
     def workspace(self) -> str:

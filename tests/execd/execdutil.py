@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 from dataclasses import dataclass
@@ -33,13 +34,25 @@ class Daemon:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=kw.pop("timeout", 60.0), **kw)
 
 
-def start_daemon(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
-    return start(env, port, log, timeout=START_TIMEOUT)
+def start_daemon(env: dict[str, str], port: int, log: Path, **popen: object) -> subprocess.Popen:
+    return start(env, port, log, timeout=START_TIMEOUT, **popen)
 
 
-def launch(base: Path, scratch: Path | None = None, **settings: object) -> Daemon:
+def drop_capabilities() -> None:
+    """Popen's preexec_fn: an empty capability bounding set (and no_new_privs), so the exec'd daemon has no
+    capabilities even as root, as in a sandbox; its ptrace and /proc checks then work as for any other uid."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability: harmless)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+
+
+def launch(base: Path, scratch: Path | None = None, *, token_file: bool = False, unprivileged: bool = False,
+           **settings: object) -> Daemon:
     """A daemon with a workspace, a second root (`scratch`, default under `base`) and an outside directory under
-    `base`; `settings` become CORRAL_EXECD_<NAME> variables (e.g. `retained_output_bytes=4096`)."""
+    `base`; `settings` become CORRAL_EXECD_<NAME> variables (e.g. `retained_output_bytes=4096`). With `token_file`
+    the token comes as the operators deliver it: in `base/token` (CORRAL_EXECD_TOKEN_FILE), never in an environment.
+    With `unprivileged` the daemon and its commands run without any capability (drop_capabilities)."""
     workspace, outside = base / "workspace", base / "outside"
     scratch = scratch or base / "scratch"
     for d in (workspace, scratch, outside):
@@ -56,7 +69,12 @@ def launch(base: Path, scratch: Path | None = None, **settings: object) -> Daemo
         "CORRAL_EXECD_LOG_LEVEL": "warning",
         **{f"CORRAL_EXECD_{k.upper()}": str(v) for k, v in settings.items()},
     }
-    proc = start_daemon(env, port, base / "execd.log")
+    if token_file:
+        (base / "token").write_text(TOKEN)
+        del env["CORRAL_EXECD_TOKEN"]
+        env["CORRAL_EXECD_TOKEN_FILE"] = str(base / "token")
+    popen = {"preexec_fn": drop_capabilities} if unprivileged else {}
+    proc = start_daemon(env, port, base / "execd.log", **popen)
     return Daemon(proc, f"http://127.0.0.1:{port}", port, TOKEN, workspace, scratch, outside)
 
 
