@@ -18,6 +18,9 @@ from .settings import DEFAULT_PORT
 
 VOLUME = "corral-execd"
 MOUNT = "/corral/execd"  # where the sandbox container sees the bundle on Kubernetes
+TOKEN_VOLUME = "corral-execd-token"
+TOKEN_MOUNT = "/corral/execd-token"  # a memory-backed emptyDir holding the token file until execd deletes it
+TOKEN_FILE = f"{TOKEN_MOUNT}/token"
 EXECUTABLE = "execd"
 
 
@@ -37,8 +40,9 @@ def k8s_init_container(
     """(initContainer, volume, volumeMount for the sandbox container, env for the sandbox container).
 
     The execd image holds the bundle at /opt/corral/execd; the initContainer runs `execd install <mount>` (the bundle
-    copies itself, so the image needs no shell). The token comes from `token_secret[token_key]` if given; otherwise
-    the caller must set CORRAL_EXECD_TOKEN itself (execd refuses to start without one).
+    copies itself, so the image needs no shell). With a token (`token_secret[token_key]`), the initContainer alone
+    gets it in its env and writes it to TOKEN_FILE (`k8s_token_volume`), which execd reads and deletes: the sandbox
+    container's spec and environment never hold it. Without one, the caller must deliver the token itself.
     """
     init = {
         "name": "corral-execd-install",
@@ -60,16 +64,32 @@ def k8s_init_container(
         {"name": "CORRAL_EXECD_WORKSPACE", "value": workspace},
     ]
     if token_secret:
-        env.append({
-            "name": "CORRAL_EXECD_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": token_secret, "key": token_key}},
-        })
+        _token_to_file(init, env, {"valueFrom": {"secretKeyRef": {"name": token_secret, "key": token_key}}})
     return init, volume, mount, env
+
+
+def _token_to_file(init: dict[str, Any], env: list[dict[str, Any]], value: dict[str, Any]) -> None:
+    init["command"].append(TOKEN_FILE)
+    init["env"] = [{"name": "CORRAL_EXECD_TOKEN", **value}]
+    init["volumeMounts"].append({"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT})
+    env.append({"name": "CORRAL_EXECD_TOKEN_FILE", "value": TOKEN_FILE})
+
+
+def k8s_token_volume(init: dict[str, Any], env: list[dict[str, Any]], token: str | None = None
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, volumeMount for the sandbox container) of the token file; with `token`, `init` is given it as a
+    plain value (else k8s_init_container's `token_secret` did it). The volume is memory-backed and writable, so
+    execd can delete the file once read."""
+    if token is not None:
+        _token_to_file(init, env, {"value": token})
+    return ({"name": TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT})
 
 
 def wrap_entrypoint(entrypoint: list[str], *, mount_path: str = MOUNT) -> list[str]:
     """The sandbox container's command: start execd in the background, then exec the original entrypoint (which
-    keeps PID 1 and its signals). Needs /bin/sh in the sandbox image, which every glibc base image has."""
+    keeps PID 1 and its signals). execd supervises itself (a forked server, started again if it dies). Needs /bin/sh
+    in the sandbox image, which every glibc base image has."""
     execd = shlex.quote(f"{mount_path}/{EXECUTABLE}")
     return ["/bin/sh", "-c", f'{execd} & exec "$@"', "corral-execd", *entrypoint]
 

@@ -9,9 +9,19 @@ from collections.abc import Callable, MutableMapping
 ENV_PREFIX = "CORRAL_EXECD_"  # settings.ENV_PREFIX; not imported, so the supervisor process never loads pydantic
 
 
-def install(dest: str) -> int:
-    """`execd install DEST`: copy this bundle (the directory of the running executable) to DEST. The Kubernetes
-    initContainer runs it to fill the shared emptyDir, so the execd image needs no shell or coreutils."""
+def write_token(path: str) -> None:
+    """`execd install DEST TOKEN_FILE`: the initContainer hands CORRAL_EXECD_TOKEN (its own env only) to the sandbox
+    container's execd as a file readable by the pod's uid alone, which execd deletes once read (take_token)."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o400)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.environ.get(ENV_PREFIX + "TOKEN", ""))
+
+
+def install(dest: str, token_file: str | None = None) -> int:
+    """`execd install DEST [TOKEN_FILE]`: copy this bundle (the directory of the running executable) to DEST. The
+    Kubernetes initContainer runs it to fill the shared emptyDir, so the execd image needs no shell or coreutils."""
     import os
     import shutil
 
@@ -29,6 +39,8 @@ def install(dest: str) -> int:
             shutil.copytree(entry.path, target, symlinks=True, dirs_exist_ok=True)
         else:
             shutil.copy2(entry.path, target)
+    if token_file:
+        write_token(token_file)
     print(f"corral-execd: installed into {dest}")
     return 0
 
@@ -166,10 +178,11 @@ def serve(token: str, token_fd: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["install"] and len(args) == 2:
-        return install(args[1])
+    if args[:1] == ["install"] and len(args) in (2, 3):
+        return install(*args[1:])
     if args:
-        print("usage: execd            (serve; configured by CORRAL_EXECD_* env)\n       execd install DEST",
+        print("usage: execd            (serve; configured by CORRAL_EXECD_* env)\n"
+              "       execd install DEST [TOKEN_FILE]",
               file=sys.stderr)
         return 2
     token = take_token()

@@ -10,7 +10,7 @@ from typing import Any
 
 from corral.api import SandboxBlueprint
 from corral.api.template import SandboxTemplateSpec
-from corral.execd.inject import k8s_init_container, wrap_entrypoint
+from corral.execd.inject import k8s_init_container, k8s_token_volume, wrap_entrypoint
 from corral.execd.wire import HEALTH_PATH
 
 from .constants import (
@@ -110,7 +110,9 @@ def pod_manifest(
 
     execd is copied by an init container into an emptyDir and started in the main container in front of the
     original command (corral.execd.inject), so commands run in the sandbox's own filesystem. Its health
-    endpoint (corral.execd.wire.HEALTH_PATH, no token) is the readiness probe. Secure defaults (each overridable by the template): no service-account token,
+    endpoint (corral.execd.wire.HEALTH_PATH, no token) is the readiness probe. The token reaches execd through the
+    init container (its env) and a memory-backed file execd deletes once read: the sandbox container's spec and
+    environment never hold it (inject.k8s_token_volume). Secure defaults (each overridable by the template): no service-account token,
     non-root (uid 1000), seccomp RuntimeDefault, no privilege escalation, all capabilities dropped.
     """
     meta = sandbox["metadata"]
@@ -139,8 +141,9 @@ def pod_manifest(
     psc.setdefault("seccompProfile", {"type": "RuntimeDefault"})
 
     init, volume, mount, execd_env = k8s_init_container(execd_image, port=port, resources=resources or None)
+    token_volume, token_mount = k8s_token_volume(init, execd_env, token)  # the init container's env, never main's
     volumes = pod_spec.setdefault("volumes", [])
-    volumes.append(volume)
+    volumes.extend([volume, token_volume])
     for vct in spec.get("volumeClaimTemplates") or []:
         volumes.append({"name": vct["name"], "persistentVolumeClaim": {"claimName": f"{meta['name']}-{vct['name']}"}})
     pod_spec.setdefault("initContainers", []).insert(0, init)
@@ -149,12 +152,12 @@ def pod_manifest(
     original = list(main.get("command") or []) + list(main.get("args") or [])
     main["command"] = wrap_entrypoint(original or ["sleep", "infinity"])
     main.pop("args", None)
-    main.setdefault("volumeMounts", []).append(mount)
+    main.setdefault("volumeMounts", []).extend([mount, token_mount])
     for vct in spec.get("volumeClaimTemplates") or []:
         mounts = main["volumeMounts"]
         if not any(m.get("name") == vct["name"] for m in mounts):
             mounts.append({"name": vct["name"], "mountPath": f"/mnt/{vct['name']}"})
-    injected = [*execd_env, {"name": "CORRAL_EXECD_TOKEN", "value": token}, {"name": "CORRAL_SANDBOX", "value": meta["name"]}]
+    injected = [*execd_env, {"name": "CORRAL_SANDBOX", "value": meta["name"]}]
     if env:
         names = {e["name"] for e in env}
         main["env"] = [e for e in main.get("env", []) if e["name"] not in names] + list(env)

@@ -1,5 +1,7 @@
 """The operator's pure manifest builders: pods with execd and secure defaults, the managed NetworkPolicy."""
 
+import json
+
 from corral.operator.builders import blueprint_hash, execd_token, network_policy, pod_manifest
 from corral.components.catalogue import render
 
@@ -26,11 +28,29 @@ def test_pod_has_execd_and_secure_defaults():
     assert main["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert main["securityContext"]["allowPrivilegeEscalation"] is False
     assert main["command"][:2] == ["/bin/sh", "-c"] and main["command"][-2:] == ["sleep", "infinity"]
-    assert {"name": "CORRAL_EXECD_TOKEN", "value": "t0k"} in main["env"]
     assert main["readinessProbe"]["httpGet"] == {"path": "/v1/health", "port": 44772}   # what execd serves without a token
     assert spec["initContainers"][0]["image"] == "corral/execd:1"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "s-uid"
     assert pod["metadata"]["labels"]["corral.dev/sandbox"] == "s1"
+
+
+def test_the_token_is_no_env_var_of_the_sandbox_container():
+    """Sandbox code can read the sandbox container's environment (/proc/1/environ): the token reaches execd only
+    through the init container, which writes it to a memory-backed file execd deletes once read."""
+    pod = pod_manifest(sandbox(), execd_image="corral/execd:1", token="t0k-secret-value")
+    spec = pod["spec"]
+    for c in spec["containers"]:
+        assert "t0k-secret-value" not in json.dumps(c)
+        assert not [e for e in c.get("env", []) if e["name"] == "CORRAL_EXECD_TOKEN"]
+    main, init = spec["containers"][0], spec["initContainers"][0]
+    token_file = next(e["value"] for e in main["env"] if e["name"] == "CORRAL_EXECD_TOKEN_FILE")
+    assert init["env"] == [{"name": "CORRAL_EXECD_TOKEN", "value": "t0k-secret-value"}]
+    assert init["command"][-1] == token_file
+    mount = next(m for m in main["volumeMounts"] if token_file.startswith(m["mountPath"] + "/"))
+    assert not mount.get("readOnly")  # execd deletes the file
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["emptyDir"]["medium"] == "Memory"
+    assert any(m["name"] == mount["name"] for m in init["volumeMounts"])
 
 
 def test_template_values_win_over_defaults():
