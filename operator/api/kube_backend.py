@@ -190,16 +190,27 @@ class KubeBackend:
         elif phase == "Pending":
             message = _condition(st, "Bound").get("message") or None
         sandbox = (st.get("sandbox") or {}).get("name")
+        if phase == "Ready" and sandbox and (why := self._not_ready(sandbox)):
+            phase, message = "Pending", why  # bound, but its execd does not answer (the pod's readiness probe)
         return Claim(
             name=meta["name"], pool=ref.get("name", ""), pool_kind=ref.get("kind", "WarmPool"), phase=phase,
             launch_type=(st.get("launchType") or "").lower() or None,
             sandbox=SandboxRef(name=sandbox, endpoint=f"/v1/claims/{meta['name']}/execd")
-            if sandbox and phase == "Ready" else None,
+            if sandbox and st.get("phase") == "Bound" else None,
             created=_ts(meta.get("creationTimestamp")) or datetime.now(timezone.utc),
             ready_at=_ts(st.get("boundTime")), expires_at=_ts(lifecycle.get("shutdownTime")),
             shutdown_policy="Retain" if lifecycle.get("shutdownPolicy") == "Retain" else "Delete",
             message=message,
         )
+
+    def _not_ready(self, sandbox: str) -> str | None:
+        """Why a bound claim's sandbox is not Ready (its pod failed the readiness probe on execd's health: execd
+        stayed gone past its own restarts), from the index; None when Ready or not known from the index."""
+        body = self.ctx.cache.sandbox(self.ns, sandbox) if self._ready() else None
+        if body is None or member_of(body).ready:
+            return None
+        ready = _condition(body.get("status") or {}, "Ready")
+        return f"sandbox {sandbox} is not ready: {ready.get('message') or ready.get('reason') or 'execd is not answering'}"
 
     def _failed(self, body: dict[str, Any]) -> ClaimFailed:
         cond = _condition(body.get("status") or {}, "Failed") or _condition(body.get("status") or {}, "Bound")

@@ -56,6 +56,21 @@ def test_claim_mapping():
     assert b.to_api(claim_body()).phase == "Pending"
 
 
+def test_a_bound_claim_whose_sandbox_turned_not_ready_is_not_shown_ready():
+    """execd stayed gone: the pod's readiness probe (execd's health) fails, the Sandbox's Ready condition follows,
+    and the API must not answer Ready for its claim."""
+    b = backend()
+    sbx = {"metadata": {"name": "s1", "namespace": "ns", "uid": "su", "labels": {}},
+           "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "PodRunning",
+                                      "message": "containers with unready status: [sandbox]"}]}}
+    b.ctx.cache._idx["sandboxes_idx"] = {("ns", "s1"): [sbx]}
+    body = claim_body("Bound", boundTime="2026-01-02T03:04:06Z", sandbox={"name": "s1", "podIPs": ["10.0.0.5"]})
+    c = b.to_api(body)
+    assert c.phase == "Pending" and "s1 is not ready" in c.message and "unready" in c.message
+    sbx["status"]["conditions"][0]["status"] = "True"
+    assert b.to_api(body).phase == "Ready"
+
+
 def test_failed_claims_become_typed_errors():
     b = backend()
     user = b._failed(claim_body("Failed", conditions=[{"type": "Failed", "status": "True",
