@@ -73,9 +73,12 @@ def hide_memory() -> None:
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, SUID_DUMP_DISABLE
-    except (OSError, AttributeError):
-        pass  # not Linux
+        if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0:  # PR_SET_DUMPABLE, SUID_DUMP_DISABLE
+            return
+    except (ImportError, OSError, AttributeError):
+        pass
+    print("corral-execd: could not make itself non-dumpable: processes of its uid can read its memory",
+          file=sys.stderr)
 
 
 def backoff(restarts: int) -> float:
