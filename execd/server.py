@@ -31,6 +31,7 @@ def install(dest: str, token_file: str | None = None) -> int:
     # Entry by entry: DEST itself is the volume's root, owned by root on a real node (fsGroup only adds group
     # write), so its own mode and times cannot be set by the sandbox user; copytree(src, DEST) would try, and fail.
     src = os.path.dirname(os.path.abspath(sys.executable))
+    os.makedirs(dest, exist_ok=True)
     for entry in os.scandir(src):
         target = os.path.join(dest, entry.name)
         if entry.is_symlink():
