@@ -62,9 +62,23 @@ async def _execd_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.message, exc.code)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    headers = {k: v for k, v in (exc.headers or {}).items() if exc.status_code != 405 or k.lower() != "allow"}
+    if exc.status_code == 405:  # Starlette names the first matching route's methods only (POST for /v1/command)
+        headers["Allow"] = allowed_methods(request)
+    return error_response(exc.status_code, str(exc.detail), headers=headers or None)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path: the Allow header of a 405."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in getattr(request.app, "routes", []):
+        if getattr(route, "methods", None) and route.matches({**request.scope, "type": "http"})[0] != Match.NONE:
+            methods |= set(route.methods)
+    return ", ".join(sorted(methods))
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
