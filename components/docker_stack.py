@@ -47,18 +47,19 @@ class _Provider(ResourceProvider):
 
 # --- networks and volumes ------------------------------------------------------------------------------------------
 class NetworkProvider(_Provider):
+    """A template's sandbox network: bridge, inter-container communication off (engine.ensure_network)."""
+
     KEYS = ["name", "internal", "stack", "host"]
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from docker.errors import NotFound
+        # The operator's own function: a bridge network with inter-container traffic off (its sandboxes cannot
+        # reach each other; the operator, on the host network, still reaches them), an older ICC-on network of the
+        # same name recreated when nothing is attached.
+        from corral.operator.docker.engine import ensure_network
 
-        client = _client(props.get("host"))
-        try:
-            net = client.networks.get(props["name"])
-        except NotFound:
-            net = client.networks.create(props["name"], driver="bridge", internal=bool(props["internal"]),
-                                         labels=_labels(props["stack"], "network"))
-        return CreateResult(net.id, {**props, "network_id": net.id})
+        net_id = ensure_network(_client(props.get("host")), props["name"], internal=bool(props["internal"]),
+                                stack=props["stack"])
+        return CreateResult(net_id, {**props, "network_id": net_id})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         return _replace_on(olds, news, self.KEYS)

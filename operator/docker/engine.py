@@ -2,14 +2,17 @@
 
 Sandbox containers are hardened by default: all capabilities dropped, no-new-privileges, pids/memory/CPU limits,
 `--init`, a non-root user (numeric, so any image allows it), execd's port published on 127.0.0.1 only (not at all
-on an internal network). execd comes from a read-only volume filled once per bundle version with put_archive (the
-OpenSandbox way, done once instead of 46 MB per sandbox) and starts before the template's entrypoint; its token is
+on an internal network), each template's network refusing container-to-container traffic (ICC off), the
+writable layer bounded where the storage driver allows it (disk_quota_supported: not on overlay2 over ext4).
+execd comes from a read-only volume filled once per bundle version with put_archive (the OpenSandbox way,
+done once instead of 46 MB per sandbox) and starts before the template's entrypoint; its token is
 removed from the environment before that entrypoint runs.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import tarfile
 import threading
 from functools import lru_cache
@@ -20,7 +23,9 @@ from docker.errors import APIError, ImageNotFound, NotFound
 
 from corral.operator.constants import L_HASH, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE, MANAGED_BY
 
-from .spec import DockerTemplate
+from .spec import DEFAULT_DISK, DockerTemplate
+
+log = logging.getLogger("corral.operator.docker")
 
 L_STACK = "corral.dev/stack"          # every Docker object of a stack
 L_ROLE = "corral.dev/role"            # sandbox | operator | execd | state | network | snapshot
@@ -41,15 +46,84 @@ def stack_labels(stack: str, role: str, **extra: str) -> dict[str, str]:
     return {L_MANAGED_BY: MANAGED_BY, L_STACK: stack, L_ROLE: role, **extra}
 
 
-def ensure_network(client: docker.DockerClient, name: str, *, internal: bool, stack: str) -> None:
+# Sandboxes of one template share a bridge network but must not reach each other: with inter-container
+# communication off, Docker drops bridge-to-same-bridge forwarding (iptables `-i br -o br -j DROP`), so a sandbox
+# can connect to no port of another sandbox. The host side of the bridge is not forwarding, so the operator (a host
+# process, or a container with network_mode host) still reaches every sandbox's execd by its bridge IP. Different
+# template networks are kept apart by Docker's own isolation chains.
+ICC_OPTION = "com.docker.network.bridge.enable_icc"
+NETWORK_OPTIONS = {ICC_OPTION: "false"}
+
+
+def network_isolated(attrs: dict[str, Any]) -> bool:
+    """Whether a network (its inspect attrs) refuses container-to-container traffic."""
+    return (attrs.get("Options") or {}).get(ICC_OPTION) == "false"
+
+
+def ensure_network(client: docker.DockerClient, name: str, *, internal: bool, stack: str) -> str:
+    """The template's sandbox network (bridge, ICC off); returns its id.
+
+    A network of that name made by an older Corral (ICC on) is recreated when no container is attached. With
+    sandboxes still on it, it is kept (they would lose their network) and an error is logged: those sandboxes can
+    reach each other until they are gone and the operator restarts or reloads."""
     try:
-        client.networks.get(name)
+        net = client.networks.get(name)
     except NotFound:
+        net = None
+    if net is not None and not network_isolated(net.attrs):
+        if net.attrs.get("Containers"):
+            log.error("network %s lets its sandboxes reach each other (made before isolation, ICC on) and has "
+                      "containers attached; it is recreated once they are gone", name)
+            return net.id
         try:
-            client.networks.create(name, driver="bridge", internal=internal, labels=stack_labels(stack, "network"))
+            net.remove()
+        except NotFound:
+            pass
+        net = None
+    if net is None:
+        try:
+            net = client.networks.create(name, driver="bridge", internal=internal, options=NETWORK_OPTIONS,
+                                         labels=stack_labels(stack, "network"))
         except APIError as exc:
             if exc.status_code != 409:
                 raise
+            net = client.networks.get(name)
+    return net.id
+
+
+# --- a disk bound per sandbox ----------------------------------------------------------------------------------------
+# `storage_opt={"size": ...}` bounds a container's writable layer, but only on some storage drivers: overlay2 over
+# xfs mounted with pquota, devicemapper, btrfs, zfs. On overlay2 over ext4 (Debian's default, and this project's
+# test bed) Docker refuses the option, so there is NO per-sandbox disk bound there: a sandbox can fill the disk that
+# holds /var/lib/docker. Support is detected once per engine (the driver from `docker info`, then one created,
+# never started, container with the option) and the bound applied whenever it is supported.
+_disk_lock = threading.Lock()
+_disk_support: dict[str, bool] = {}
+
+
+def disk_quota_supported(client: docker.DockerClient, image: str) -> bool:
+    """Whether this engine honours storage_opt size (cached per engine ID)."""
+    info = client.info()
+    key = info.get("ID") or str(client.api.base_url)
+    with _disk_lock:
+        if key in _disk_support:
+            return _disk_support[key]
+        driver = info.get("Driver", "")
+        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+        if driver == "overlay2" and backing != "xfs" or driver in ("vfs", "aufs", "fuse-overlayfs"):
+            ok = False
+        else:
+            try:
+                probe = client.containers.create(image, ["true"], storage_opt={"size": "1G"}, network_mode="none",
+                                                 labels={L_MANAGED_BY: MANAGED_BY, L_ROLE: "disk-probe"})
+                probe.remove(force=True)
+                ok = True
+            except APIError:
+                ok = False
+        log.log(logging.INFO if ok else logging.WARNING, "per-sandbox disk bound %s on this engine (%s over %s)",
+                "applied" if ok else "NOT available", driver, backing or "-")
+        _disk_support[key] = ok
+        return ok
 
 
 _volume_lock = threading.Lock()
@@ -152,6 +226,8 @@ def create_sandbox(client: docker.DockerClient, *, stack: str, name: str, tmpl: 
         kwargs["cpu_shares"] = tmpl.cpu_shares
     if not tmpl.internal:
         kwargs["ports"] = {port: ("127.0.0.1", None)}
+    if disk_quota_supported(client, image):
+        kwargs["storage_opt"] = {"size": str(tmpl.disk_bytes or DEFAULT_DISK)}
     container = client.containers.create(image, **kwargs)
     try:
         ws = _workspace_tar(tmpl.workdir, tmpl.user)

@@ -20,6 +20,7 @@ DEFAULT_USER = "1000:1000"      # non-root; numeric, so it works in images witho
 DEFAULT_PIDS = 512
 DEFAULT_CPUS = 1.0              # a CPU limit always applies (requests only weigh shares)
 DEFAULT_MEMORY = 512 * 2**20
+DEFAULT_DISK = 10 * 2**30        # writable-layer bound, where the storage driver allows one (engine.py)
 WORKDIR = "/workspace"
 
 
@@ -41,6 +42,9 @@ class DockerTemplate(_M):
     nano_cpus: int = int(DEFAULT_CPUS * 1e9)
     cpu_shares: int | None = None
     pids_limit: int = DEFAULT_PIDS
+    disk_bytes: int | None = Field(default=None, description=(
+        "Bound of the container's writable layer (k8s `ephemeral-storage` limit; DEFAULT_DISK when unset), "
+        "applied only where the storage driver supports it."))
     network: str = Field(description="Docker network of this template's sandboxes.")
     internal: bool = Field(default=False, description="The network has no route out (docker --internal).")
     execd_port: int = DEFAULT_EXECD_PORT
@@ -50,6 +54,8 @@ class DockerTemplate(_M):
     def blueprint_hash(self) -> str:
         """Hash of everything that shapes the container (not the claim policy)."""
         data = self.model_dump(exclude={"name", "env_policy"})
+        if data["disk_bytes"] is None:  # hashes of templates without a disk limit stay what they were
+            del data["disk_bytes"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -145,6 +151,7 @@ def docker_template(name: str, spec: dict[str, Any], *, network: str, internal: 
     res = c.get("resources") or {}
     limits, requests = res.get("limits") or {}, res.get("requests") or {}
     mem = limits.get("memory") or requests.get("memory")
+    disk = limits.get("ephemeral-storage")
     ctx = {**(pod["spec"].get("securityContext") or {}), **(c.get("securityContext") or {})}
     user = DEFAULT_USER
     if "runAsUser" in ctx:
@@ -161,6 +168,7 @@ def docker_template(name: str, spec: dict[str, Any], *, network: str, internal: 
         memory_bytes=memory_bytes(mem) if mem else DEFAULT_MEMORY,
         nano_cpus=int(cpus(limits["cpu"]) * 1e9) if "cpu" in limits else int(DEFAULT_CPUS * 1e9),
         cpu_shares=max(2, int(cpus(requests["cpu"]) * 1024)) if "cpu" in requests else None,
+        disk_bytes=memory_bytes(disk) if disk else None,
         network=network,
         internal=internal,
         execd_port=(spec.get("execd") or {}).get("port", DEFAULT_EXECD_PORT),
