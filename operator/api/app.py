@@ -338,6 +338,8 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
         try:
             resp = await app.state.http.send(upstream, stream=True)
         except httpx.HTTPError as exc:
+            if isinstance(exc, httpx.ConnectError) and (unreachable := getattr(backend, "execd_unreachable", None)):
+                unreachable(name)  # the backend checks, and replaces a sandbox whose execd stays gone
             return error(502, "sandbox_unreachable", f"execd of claim {name} did not answer: {exc}")
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
         return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out_headers,

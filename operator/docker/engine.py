@@ -5,8 +5,9 @@ Sandbox containers are hardened by default: all capabilities dropped, no-new-pri
 on an internal network), each template's network refusing container-to-container traffic (ICC off), the
 writable layer bounded where the storage driver allows it (disk_quota_supported: not on overlay2 over ext4).
 execd comes from a read-only volume filled once per bundle version with put_archive (the OpenSandbox way,
-done once instead of 46 MB per sandbox) and starts before the template's entrypoint; its token is
-removed from the environment before that entrypoint runs.
+done once instead of 46 MB per sandbox) and starts before the template's entrypoint. Its token is
+never in the container's config or any environment: it is put into the stopped container as a file (TOKEN_FILE),
+which execd deletes once read (corral.execd.server.take_token).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ L_BUNDLE = "corral.dev/execd-bundle"  # the bundle key an execd volume holds
 EXECD_DIR = "/opt/corral/execd"
 EXECD_BIN = f"{EXECD_DIR}/execd"
 SNAPSHOT_REPO = "corral-snapshot"
-_WRAPPER = f'{EXECD_BIN} & unset CORRAL_EXECD_TOKEN; exec "$@"'
+_WRAPPER = f'{EXECD_BIN} & exec "$@"'  # execd supervises itself (a forked server); PID 1 stays the template's
+TOKEN_DIR = "/.corral-execd"
+TOKEN_FILE = f"{TOKEN_DIR}/token"
 
 
 def connect(host: str | None = None, *, pool: int = 64, timeout: int = 120) -> docker.DockerClient:
@@ -188,6 +191,26 @@ def sandbox_command(client: docker.DockerClient, tmpl: DockerTemplate, image: st
     return cmd or ["sleep", "infinity"]
 
 
+def _token_tar(token: str, user: str) -> bytes:
+    """TOKEN_FILE for execd, owned by the sandbox's user (execd runs as it and deletes the file; its directory is
+    the user's, 0700). A named user's uid is unknown here: then root owns it, in a directory anyone may write."""
+    uid, _, gid = user.partition(":")
+    numeric = uid.isdigit()
+    owner = (int(uid), int(gid) if gid.isdigit() else int(uid)) if numeric else (0, 0)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        d = tarfile.TarInfo(TOKEN_DIR.strip("/"))
+        d.type, d.mode = tarfile.DIRTYPE, 0o700 if numeric else 0o777
+        d.uid, d.gid = owner
+        tar.addfile(d)
+        data = token.encode()
+        f = tarfile.TarInfo(TOKEN_FILE.strip("/"))
+        f.size, f.mode = len(data), 0o400 if numeric else 0o444
+        f.uid, f.gid = owner
+        tar.addfile(f, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _workspace_tar(path: str, user: str) -> bytes | None:
     uid, _, gid = user.partition(":")
     if not uid.isdigit() or int(uid) == 0:
@@ -211,7 +234,7 @@ def create_sandbox(client: docker.DockerClient, *, stack: str, name: str, tmpl: 
         **({L_POOL: pool, L_POOL_KIND: pool_kind or "WarmPool"} if pool else {}),
     }
     port = f"{tmpl.execd_port}/tcp"
-    env = {**tmpl.env, "CORRAL_EXECD_TOKEN": token, "CORRAL_EXECD_PORT": str(tmpl.execd_port),
+    env = {**tmpl.env, "CORRAL_EXECD_TOKEN_FILE": TOKEN_FILE, "CORRAL_EXECD_PORT": str(tmpl.execd_port),
            "CORRAL_EXECD_WORKSPACE": tmpl.workdir}
     kwargs: dict[str, Any] = dict(
         name=name, labels=labels, environment=env, user=tmpl.user, working_dir=tmpl.workdir,
@@ -233,6 +256,7 @@ def create_sandbox(client: docker.DockerClient, *, stack: str, name: str, tmpl: 
         ws = _workspace_tar(tmpl.workdir, tmpl.user)
         if ws is not None:
             container.put_archive("/", ws)
+        container.put_archive("/", _token_tar(token, tmpl.user))
         container.start()
         container.reload()
     except BaseException:
@@ -260,9 +284,12 @@ def remove(client: docker.DockerClient, ref: str) -> None:
                 raise
 
 
-def restart(client: docker.DockerClient, ref: str) -> dict[str, Any]:
+def restart(client: docker.DockerClient, ref: str, *, token: str, user: str) -> dict[str, Any]:
+    """Stop, give execd its next token (only now: the previous claim's processes are gone), start again."""
     c = client.containers.get(ref)
-    c.restart(timeout=2)
+    c.stop(timeout=2)
+    c.put_archive("/", _token_tar(token, user))
+    c.start()
     c.reload()
     return c.attrs
 

@@ -107,17 +107,18 @@ class PoolsMixin:
                          image=tmpl.image)
         await self.run(self.store.add_sandbox, row)
         async with self.pool_sem:
-            await self._start_sandbox(row, tmpl, {})
+            await self._start_sandbox(row, tmpl, {}, self.token(row.name))
         await self.run(self.store.update_sandbox, row.name, state="ready")
 
-    async def _start_sandbox(self, row: SandboxRow, tmpl: DockerTemplate, env: dict[str, str]) -> None:
-        """Create + start the container of a `creating` row and wait until its execd answers."""
+    async def _start_sandbox(self, row: SandboxRow, tmpl: DockerTemplate, env: dict[str, str], token: str) -> None:
+        """Create + start the container of a `creating` row and wait until its execd answers; `token` is the idle
+        sandbox's, or its cold claim's."""
         t0 = time.monotonic()
         if env:
             tmpl = tmpl.model_copy(update={"env": {**tmpl.env, **env}})
         try:
             addr = await self.run(engine.create_sandbox, self.client, stack=self.s.stack, name=row.name, tmpl=tmpl,
-                                  image=row.image or tmpl.image, token=self.token(row.name),
+                                  image=row.image or tmpl.image, token=token,
                                   execd_volume=self.execd_volume, pool=row.pool, pool_kind=row.pool_kind,
                                   op="create")
             await self.run(self.store.update_sandbox, row.name, container_id=addr["id"], ip=addr["ip"],

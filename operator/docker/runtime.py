@@ -37,6 +37,14 @@ from .store import ClaimRow, SandboxRow, Store, now
 
 log = logging.getLogger("corral.operator.docker")
 T = TypeVar("T")
+EXECD_GONE = 15.0  # seconds a claimed sandbox's execd may stay silent (its own restart backoff tops out at 5 s)
+
+
+def execd_token(secret: bytes, sandbox: str, claim: ClaimRow | None = None) -> str:
+    """A sandbox's execd token: HMAC(secret, docker/<sandbox>) while idle, and bound to the claim while claimed
+    (its name and creation time, so a later claim of the same name gets another). The operator stores none."""
+    what = f"docker/{sandbox}" if claim is None else f"docker/{sandbox}/claim/{claim.name}/{claim.created!r}"
+    return hmac.new(secret, what.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass
@@ -66,6 +74,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         self._tasks: set[asyncio.Task] = set()
         self._failed: set[str] = set()               # sandboxes whose container died while starting
         self._restarting: set[str] = set()           # recycled by restart: their die event is expected
+        self._checking: set[str] = set()             # claims whose execd did not answer the proxy (execd_unreachable)
         self._deadline = asyncio.Event()
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,8 +99,15 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         task.add_done_callback(_log_failure)
         return task
 
-    def token(self, sandbox: str) -> str:
-        return hmac.new(self.secret, f"docker/{sandbox}".encode(), hashlib.sha256).hexdigest()
+    def token(self, sandbox: str, claim: ClaimRow | None = None) -> str:
+        return execd_token(self.secret, sandbox, claim)
+
+    async def _rotate(self, sandbox: SandboxRow, old: str, new: str) -> None:
+        """execd takes the next token (PUT /v1/token, authenticated with the current one): at each bind and release,
+        so a claim's token dies with the claim even where the sandbox lives on (Pool recycling)."""
+        r = await self.http.put(f"http://{sandbox.ip}:{self._port(sandbox)}/v1/token", json={"token": new},
+                                headers={"Authorization": f"Bearer {old}"})
+        r.raise_for_status()
 
     def wake(self, pool: str | None = None) -> None:
         for name, ev in self._wake.items():
@@ -202,11 +218,18 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         return await self._wait(claim.name, req.timeout_seconds)
 
     async def _warm_ready(self, claim: ClaimRow, sandbox: SandboxRow, t0: float) -> None:
+        try:
+            await self._rotate(sandbox, self.token(sandbox.name), self.token(sandbox.name, claim))
+        except httpx.HTTPError as exc:  # its execd is gone for good (it supervises itself): report and replace
+            claim.phase, claim.message = "Failed", f"execd of sandbox {sandbox.name} did not answer: {exc}"
+            await self._lose(sandbox, claim.message)
+            self._arm_deadlines()
+            return
         if claim.env:
             try:
                 r = await self.http.put(f"http://{sandbox.ip}:{self._port(sandbox)}/v1/env",
                                         json={"env": claim.env, "merge": False},
-                                        headers={"Authorization": f"Bearer {self.token(sandbox.name)}"})
+                                        headers={"Authorization": f"Bearer {self.token(sandbox.name, claim)}"})
                 r.raise_for_status()
             except httpx.HTTPError as exc:
                 claim.phase, claim.message = "Failed", f"set env: {exc}"
@@ -227,7 +250,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         c = await self._claim(claim)
         try:
             async with self.cold_sem:
-                await self._start_sandbox(sandbox, tmpl, c.env)
+                await self._start_sandbox(sandbox, tmpl, c.env, self.token(sandbox.name, c))
         except Exception as exc:  # noqa: BLE001 - becomes the claim's status
             log.warning("claim %s: cold start failed: %s", claim, exc)
             await self.run(self.store.update_claim, claim, phase="Failed", sandbox=None,
@@ -238,7 +261,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
                 CLAIM_SECONDS.labels("cold").observe(time.monotonic() - t0)
                 CLAIMS.labels("cold", "ready").inc()
             else:  # the claim ended while its sandbox was starting
-                await self._release_sandbox(sandbox.name, c.shutdown_policy)
+                await self._release_sandbox(sandbox.name, c)
         self._arm_deadlines()
         self._notify(claim)
 
@@ -272,15 +295,15 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         if sandbox:
             row = await self.run(self.store.sandbox, sandbox)
             if row and row.state == "releasing":  # a cold start in flight releases its own sandbox when done
-                await self._release_sandbox(sandbox, c.shutdown_policy)
+                await self._release_sandbox(sandbox, c)
         CLAIMS.labels(c.launch_type or "none", "expired" if expired else "released").inc()
 
-    async def _release_sandbox(self, name: str, policy: str) -> None:
+    async def _release_sandbox(self, name: str, claim: ClaimRow) -> None:
         """A claim ended: retain, recycle into its Pool (Restart/Noop), or delete the sandbox."""
         row = await self.run(self.store.sandbox, name)
         if row is None:
             return
-        if policy == "Retain":
+        if claim.shutdown_policy == "Retain":
             await self.run(self.store.update_sandbox, name, state="retained", claim=None, pool=None)
             return
         found = self.desired.pool(row.pool) if row.pool else None
@@ -289,7 +312,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         if isinstance(spec, PoolSpec) and spec.recycle_strategy != "Delete" and row.hash == tmpl_hash \
                 and row.image == self.desired.template(spec.template).image:
             try:
-                await self._recycle(row, spec.recycle_strategy)
+                await self._recycle(row, spec.recycle_strategy, claim)
                 self.wake(row.pool)
                 return
             except Exception as exc:  # noqa: BLE001 - fall back to delete
@@ -297,7 +320,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         await self.run(self.store.update_sandbox, name, state="deleting", claim=None)
         await self._delete_sandbox(name)
 
-    async def _recycle(self, row: SandboxRow, strategy: str) -> None:
+    async def _recycle(self, row: SandboxRow, strategy: str, claim: ClaimRow) -> None:
         # `recycling` is neither idle nor claimable: the pool planner must not trim it while it restarts.
         await self.run(self.store.update_sandbox, row.name, state="recycling", claim=None, launch_type=None)
         try:
@@ -308,17 +331,19 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         if strategy == "Restart":
             self._restarting.add(row.name)
             try:
-                attrs = await self.run(engine.restart, self.client, row.name, op="restart")
+                tmpl = self.desired.template(row.template)
+                attrs = await self.run(engine.restart, self.client, row.name, token=self.token(row.name),
+                                       user=tmpl.user, op="restart")
             finally:
                 self._loop.call_later(5.0, self._restarting.discard, row.name)  # type: ignore[union-attr]
-            tmpl = self.desired.template(row.template)
             addr = engine.address(attrs, tmpl.network, f"{port}/tcp")
             await self.run(self.store.update_sandbox, row.name, ip=addr["ip"], host_port=addr["host_port"])
             await self._wait_healthy(row.name, addr["ip"], port)
         else:
             r = await self.http.put(f"http://{row.ip}:{port}/v1/env", json={"env": {}, "merge": False},
-                                    headers={"Authorization": f"Bearer {self.token(row.name)}"})
+                                    headers={"Authorization": f"Bearer {self.token(row.name, claim)}"})
             r.raise_for_status()
+            await self._rotate(row, self.token(row.name, claim), self.token(row.name))
         await self.run(self.store.update_sandbox, row.name, state="ready")
 
     async def renew_claim(self, name: str, ttl_seconds: int) -> Claim:
@@ -366,8 +391,36 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         return Snapshot(claim=name, image=out["image"], id=out["id"])
 
     async def execd_target(self, name: str) -> ExecdTarget:
-        _, row = await self._ready_sandbox(name)
-        return ExecdTarget(url=f"http://{row.ip}:{self._port(row)}", token=self.token(row.name))
+        c, row = await self._ready_sandbox(name)
+        return ExecdTarget(url=f"http://{row.ip}:{self._port(row)}", token=self.token(row.name, c))
+
+    def execd_unreachable(self, name: str) -> None:
+        """The proxy could not connect to a Ready claim's execd. It supervises itself, so it is back within
+        seconds unless its supervisor died too: then, after EXECD_GONE seconds without an answer, the claim
+        becomes Failed and its sandbox is replaced, instead of a Ready claim answering 502 for good. Checked only
+        after such a failure, never on a timer."""
+        if name not in self._checking:
+            self._checking.add(name)
+            self.spawn(self._check_execd(name)).add_done_callback(lambda _: self._checking.discard(name))
+
+    async def _check_execd(self, name: str) -> None:
+        try:
+            c, row = await self._ready_sandbox(name, ("Ready",))
+        except Exception:  # noqa: BLE001 - gone or not Ready meanwhile: nothing to check
+            return
+        deadline = time.monotonic() + EXECD_GONE
+        while time.monotonic() < deadline:
+            try:
+                if (await self.http.get(f"http://{row.ip}:{self._port(row)}/v1/health", timeout=2.0)).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+        current = await self.run(self.store.claim, name)
+        if current is None or current.phase != "Ready" or current.sandbox != row.name:
+            return
+        log.warning("claim %s: execd of sandbox %s stayed gone for %.0f s; replacing it", name, row.name, EXECD_GONE)
+        await self._lose(row, f"execd of sandbox {row.name} stopped answering")
 
     # --- deadlines --------------------------------------------------------------------------------------------------
     def _arm_deadlines(self) -> None:

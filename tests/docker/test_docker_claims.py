@@ -91,9 +91,9 @@ def test_sandbox_container_is_hardened(make_operator):
             assert all(b["HostIp"] == "127.0.0.1" for b in binding or []), binding
         mounts = {m["Destination"]: m for m in c.attrs["Mounts"]}
         assert mounts["/opt/corral/execd"]["RW"] is False
-        assert "CORRAL_EXECD_TOKEN" in " ".join(cfg["Env"])  # the token is per sandbox...
-    tokens = {[e for e in c.attrs["Config"]["Env"] if e.startswith("CORRAL_EXECD_TOKEN=")][0] for c in op.containers()}
-    assert len(tokens) == 2  # ...and differs between sandboxes
+        # The token is no part of the container's config: execd gets it as a file it deletes once read.
+        assert not [e for e in cfg["Env"] if e.startswith("CORRAL_EXECD_TOKEN=")]
+        assert "CORRAL_EXECD_TOKEN_FILE=/.corral-execd/token" in cfg["Env"]
     with op.http() as http:
         shell = http.post("/v1/claims", json={"pool": "shell"}).json()
         out = run(http, shell["name"], "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; id -u; "
@@ -156,7 +156,7 @@ def test_pause_keeps_memory_and_snapshot_starts_a_new_sandbox_with_the_file(make
         image = snap.json()["image"]
         assert image == f"corral-snapshot/{op.stack}:worker-1"
         cfg = op.client.images.get(image).attrs["Config"]
-        assert [e for e in cfg["Env"] if e.startswith("CORRAL_EXECD_TOKEN")] == ["CORRAL_EXECD_TOKEN="]  # blanked
+        assert [e for e in cfg["Env"] if e.startswith("CORRAL_EXECD_TOKEN=")] == ["CORRAL_EXECD_TOKEN="]  # blanked
         restored = http.post("/v1/claims", json={"pool": "python", "snapshot": image, "name": "restored"}).json()
         assert restored["phase"] == "Ready" and restored["launchType"] == "cold", restored
         assert run(http, "restored", "cat /workspace/note.txt")["stdout"] == "snapshot-content\n"
