@@ -130,7 +130,7 @@ def kind_figures(args, cluster: KindCluster, project: Path, env: dict) -> dict:
             t_ready = time.perf_counter()
             r = sbx.commands.run("echo hi")
             t_out = time.perf_counter()
-            assert r.stdout == "hi\n" and sbx.claim.launch_type == "cold"
+            assert r.stdout == "hi\n" and sbx.claim.launch_type == "cold", (r.stdout, sbx.claim.launch_type)
             pod = watch.events.get(sbx.claim.sandbox.name if sbx.claim.sandbox else "", {})
             cold.append((t_out - t0) * 1000)
             if {"created", "initialized", "ready"} <= pod.keys():
@@ -250,7 +250,9 @@ def main() -> int:
             "PULUMI_CONFIG_PASSPHRASE": "corral-bench"}
     try:
         sh("pulumi", "stack", "init", "dev", "--non-interactive", env=penv, cwd=project)
-        for key, value in STACK_CONFIG:
+        # The cluster tier's sizes; and the Pool deletes what its claims release (its Restart recycling would
+        # serve the next "cold" claim from the released sandbox).
+        for key, value in [*STACK_CONFIG, ("corral:pools[0].recycleStrategy", "Delete")]:
             sh("pulumi", "config", "set", "--path", key, value, "--stack", "dev", env=penv, cwd=project)
         sh("pulumi", "up", "--stack", "dev", "--yes", "--non-interactive", "--skip-preview", env=penv, cwd=project)
         kind = kind_figures(args, cluster, project, penv)
