@@ -8,8 +8,6 @@ thread pool; creates are bounded separately for claims (cold starts) and for poo
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import secrets
 import threading
@@ -34,17 +32,11 @@ from .pools import PoolsMixin
 from .recovery import RecoveryMixin
 from .spec import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, PoolSpec
 from .store import ClaimRow, SandboxRow, Store, now
+from .tokens import execd_token
 
 log = logging.getLogger("corral.operator.docker")
 T = TypeVar("T")
 EXECD_GONE = 15.0  # seconds a claimed sandbox's execd may stay silent (its own restart backoff tops out at 5 s)
-
-
-def execd_token(secret: bytes, sandbox: str, claim: ClaimRow | None = None) -> str:
-    """A sandbox's execd token: HMAC(secret, docker/<sandbox>) while idle, and bound to the claim while claimed
-    (its name and creation time, so a later claim of the same name gets another). The operator stores none."""
-    what = f"docker/{sandbox}" if claim is None else f"docker/{sandbox}/claim/{claim.name}/{claim.created!r}"
-    return hmac.new(secret, what.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -132,15 +130,3 @@ STACK_CONFIG = [
     ("corral:pools[0].capacity.bufferMax", "0"),
     ("corral:controller.values.resources.requests.cpu", "100m"),
 ]
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 1.0, dump=None):
-    deadline = time.monotonic() + timeout
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            extra = f"\nstate: {dump()}" if dump else ""
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}{extra}")
-        time.sleep(interval)

@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from clusterutil import host_sysctls, wait_until
+from clusterutil import host_sysctls
+from waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -45,7 +46,7 @@ def client(kind_cluster, dev_stack):
 
 
 def test_operator_runs_as_a_pod_from_the_chart(kind_cluster, dev_stack):
-    (pod,) = wait_until(lambda: [p for p in operator_pods(kind_cluster) if ready(p)], 300, "a Ready operator pod",
+    (pod,) = wait_until(lambda: [p for p in operator_pods(kind_cluster) if ready(p)], 300, what="a Ready operator pod",
                         dump=lambda: kind_cluster.kubectl("-n", OP_NS, "describe", "pods", check=False).stdout[-3000:])
     spec = pod["spec"]
     assert spec["serviceAccountName"] == "corral"
@@ -56,7 +57,7 @@ def test_operator_runs_as_a_pod_from_the_chart(kind_cluster, dev_stack):
     assert spec["securityContext"].get("runAsNonRoot") or container["securityContext"].get("runAsNonRoot")
     # The active replica labels its own pod for the -api Service: the label is the operator's own API write.
     wait_until(lambda: operator_pods(kind_cluster)[0]["metadata"]["labels"].get("corral.dev/claims-api") == "active",
-               60, "the claims-api label on the operator pod")
+               60, what="the claims-api label on the operator pod")
 
 
 def test_warm_pool_fills_with_real_ready_pods(kind_cluster, dev_stack):
@@ -64,7 +65,7 @@ def test_warm_pool_fills_with_real_ready_pods(kind_cluster, dev_stack):
         wp = kind_cluster.json("-n", SBX_NS, "get", "warmpool", "python")
         return (wp.get("status") or {}).get("readyReplicas") == 3 and wp
 
-    wait_until(filled, 600, "WarmPool python: 3 ready", interval=2,
+    wait_until(filled, 600, what="WarmPool python: 3 ready", interval=2,
                dump=lambda: kind_cluster.kubectl("-n", SBX_NS, "get", "pods,sandboxes", "-o", "wide",
                                                  check=False).stdout)
     sandbox_pods = [p for p in pods(kind_cluster, SBX_NS, "corral.dev/pool=python") if ready(p)]
@@ -199,7 +200,7 @@ def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster,
     stream.join()
     try:
         wait_until(lambda: [p for p in operator_pods(kind_cluster) if p["metadata"]["name"] != old and ready(p)],
-                   300, "a new Ready operator pod")
+                   300, what="a new Ready operator pod")
 
         def bound():
             claims = {c["metadata"]["name"]: c for c in
@@ -207,7 +208,7 @@ def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster,
             phases = {n: (claims[n].get("status") or {}).get("phase") for n in names if n in claims}
             return len(phases) == len(names) and all(p == "Bound" for p in phases.values()) and claims
 
-        claims = wait_until(bound, 600, "every streamed claim Bound", interval=2,
+        claims = wait_until(bound, 600, what="every streamed claim Bound", interval=2,
                             dump=lambda: kind_cluster.kubectl("-n", SBX_NS, "get", "sandboxclaims,sandboxes",
                                                               check=False).stdout)
         sandboxes = [claims[n]["status"]["sandbox"]["name"] for n in names]
@@ -236,7 +237,7 @@ def test_destroy_leaves_nothing_behind(kind_cluster, dev_stack):
         namespaces = kind_cluster.kubectl("get", "namespaces", "-o", "name").stdout
         return not left and OP_NS not in namespaces and SBX_NS not in namespaces and "gone"
 
-    wait_until(gone, 300, "no Corral object, pod, PVC or NetworkPolicy left", interval=2,
+    wait_until(gone, 300, what="no Corral object, pod, PVC or NetworkPolicy left", interval=2,
                dump=lambda: kind_cluster.kubectl("get", "pods,pvc,networkpolicies,namespaces", "-A",
                                                  check=False).stdout)
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from corral.operator.docker import engine
-from corral.operator.docker.runtime import execd_token
+from corral.operator.docker.tokens import execd_token
 from corral.operator.docker.spec import PoolSpec
 from corral.operator.docker.store import Store
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 from lightkube.generic_resource import create_namespaced_resource
+
+from waiting import wait_until  # noqa: F401  (kube tests import it from here)
 
 SandboxTemplate = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxTemplate", "sandboxtemplates")
 Sandbox = create_namespaced_resource("corral.dev", "v1alpha1", "Sandbox", "sandboxes")
@@ -36,20 +36,6 @@ def pool(name: str, tpl: str, **spec: Any):
 def claim(name: str, pool_name: str, kind: str = "WarmPool", **spec: Any):
     return SandboxClaim.from_dict({"metadata": {"name": name},
                                    "spec": {"poolRef": {"kind": kind, "name": pool_name}, **spec}})
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.25, what: str = "",
-               dump: Callable[[], Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            extra = f"\nstate: {dump()}" if dump else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last: {last!r}{extra}")
-        time.sleep(interval)
 
 
 def status(obj: Any) -> dict[str, Any]:
