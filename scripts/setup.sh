@@ -4,7 +4,7 @@
 # execd bundle and the Docker-mode operator image. Nothing else: the test bed's tools (Kubernetes, kind, helm, the
 # Kubernetes provider) are built by scripts/testbed.sh, which the test command runs.
 # Idempotent: everything is cached outside the repo ($CORRAL_CACHE, default ~/.cache/corral) keyed by version, so a
-# second run is a cache hit. Cold, on 2 cores, expect ~12 minutes (mostly the Pulumi CLI's Go build); warm, seconds.
+# second run is a cache hit. Cold, on 2 cores, expect ~10 minutes (5 of them the Pulumi CLI's Go build); warm, seconds.
 source "$(dirname "$0")/lib.sh"
 t0=$SECONDS
 
