@@ -15,7 +15,7 @@
 #     all imported into the node's containerd and pinned, so the kubelet's image GC never drops what cannot be
 #     pulled again.
 # The image is saved to $CORRAL_CACHE/images keyed by everything that went in; a new engine gets it back with
-# `docker load` in a minute or two.
+# `docker load` in seconds.
 source "$(dirname "$0")/lib.sh"
 have docker || die "no docker CLI: run scripts/docker.sh engine"
 build_lock kind-node
