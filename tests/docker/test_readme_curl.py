@@ -12,7 +12,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from client_harness import local_stack  # noqa: F401 - a fixture
 from operator_harness import REPO
 
@@ -23,7 +22,7 @@ CREATE = 'curl -s -H "Authorization: Bearer $TOKEN" -X POST localhost:7780/v1/cl
 
 def readme_curl_lines() -> list[str]:
     """The curl lines (continuations joined) of the README's fenced sh block that creates a claim."""
-    blocks = re.findall(r"^```sh\n(.*?)^```", (REPO / "README.md").read_text(), flags=re.S | re.M)
+    blocks = re.findall(r"^```sh\n(.*?)^```", (REPO / "README.md").read_text(), flags=re.DOTALL | re.MULTILINE)
     (block,) = [b for b in blocks if CREATE in b]
     lines = re.sub(r"\\\n", " ", block).splitlines()  # a backslash-newline is a continuation, as bash reads it
     return [line.strip() for line in lines if line.lstrip().startswith("curl ")]
@@ -31,12 +30,12 @@ def readme_curl_lines() -> list[str]:
 
 def run(line: str, token: str) -> str:
     proc = subprocess.run(["bash", "-c", line], env={**os.environ, "TOKEN": token}, capture_output=True, text=True,
-                          timeout=180)
+                          timeout=180, check=False)
     assert proc.returncode == 0, f"{line}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
 
-def test_readme_curl_lines_run_as_written(local_stack):
+def test_readme_curl_lines_run_as_written(local_stack):  # noqa: F811 - the fixture
     if not shutil.which("curl"):
         pytest.fail("curl is missing: apt-get install curl", pytrace=False)
     lines = readme_curl_lines()
