@@ -11,24 +11,28 @@ import asyncio
 import errno
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-from starlette.testclient import TestClient, WebSocketDenialResponse
-
 from corral.api.claim import SandboxClaimSpec
 from corral.api.common import EXECD_ENV_PREFIX
-from corral.operator.api import Claim, ClaimRequest, ExecdTarget, NotFound, Snapshot, create_app
+from corral.operator.api import (
+    Claim,
+    ClaimRequest,
+    ExecdTarget,
+    NotFound,
+    Snapshot,
+    create_app,
+)
 from corral.operator.api.app import MAX_JSON_BODY
+from hostile_http import peak_rss, post
+from starlette.testclient import TestClient, WebSocketDenialResponse
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -209,11 +213,6 @@ uvicorn.Server(uvicorn.Config(create_app(object(), sys.argv[1]), log_level="warn
 """
 
 
-def peak_rss(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) << 10
-
-
 def test_a_200_mb_unauthenticated_post_leaves_a_real_servers_memory_flat():
     proc = subprocess.Popen([sys.executable, "-c", SERVER, TOKEN], stdout=subprocess.PIPE, text=True)
     try:
@@ -227,31 +226,14 @@ def test_a_200_mb_unauthenticated_post_leaves_a_real_servers_memory_flat():
                 assert time.monotonic() < deadline, "the server did not start"
                 time.sleep(0.05)
         before = peak_rss(proc.pid)
-        answer = bytearray()
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            def read() -> None:
-                try:
-                    while data := sock.recv(65536):
-                        answer.extend(data)
-                except OSError:
-                    pass
-
-            reader = threading.Thread(target=read)
-            reader.start()
-            size, chunk = 200 << 20, b"x" * (1 << 20)
-            sock.sendall(b"POST /v1/claims HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n" % size)
-            try:
-                for _ in range(size // len(chunk)):
-                    sock.sendall(chunk)
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:  # the server answered and closed: the rest is never sent
-                pass
-            reader.join(30)
+        size, chunk = 200 << 20, b"x" * (1 << 20)
+        status, body, _ = post(f"http://127.0.0.1:{port}/v1/claims",
+                               {"Content-Type": "application/json", "Content-Length": str(size)},
+                               (chunk for _ in range(size // len(chunk))), chunked=False)
         grown = peak_rss(proc.pid) - before
         assert grown < 32 << 20, f"the server's peak RSS grew by {grown >> 20} MiB for an unauthenticated body"
-        assert answer.startswith(b"HTTP/1.1 401"), bytes(answer[:200])
-        assert b'"code":"unauthorized"' in answer
+        assert status == 401, body[:200]
+        assert b'"code":"unauthorized"' in body
     finally:
         proc.terminate()
         proc.wait(10)

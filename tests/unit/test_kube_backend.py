@@ -64,7 +64,7 @@ def test_a_bound_claim_whose_sandbox_turned_not_ready_is_not_shown_ready():
            "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "PodRunning",
                                       "message": "containers with unready status: [sandbox]"}]}}
     b.ctx.cache._idx["sandboxes_idx"] = {("ns", "s1"): [sbx]}
-    body = claim_body("Bound", boundTime="2026-01-02T03:04:06Z", sandbox={"name": "s1", "podIPs": ["10.0.0.5"]})
+    body = claim_body("Bound", boundTime="2026-01-02T03:04:06Z", sandbox={"name": "s1", "podIPs": ["127.18.0.5"]})
     c = b.to_api(body)
     assert c.phase == "Pending" and "s1 is not ready" in c.message and "unready" in c.message
     sbx["status"]["conditions"][0]["status"] = "True"
