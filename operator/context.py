@@ -4,10 +4,12 @@ expectations that bridge the gap between our own writes and the watch events tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -117,6 +119,8 @@ class Context:
     _http: httpx.AsyncClient | None = None
     # namespace -> when a create in it was refused because it is being deleted (see `terminating_since`)
     terminating: dict[str, float] = field(default_factory=dict)
+    # namespace -> the lost-pod repair in flight there, that the others wait for (see `pod_repair`)
+    _repairs: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     # (ns, template) -> (uid, generation, validated spec, blueprint hash): see `template_spec`
     _templates: dict[tuple[str, str], tuple[str, Any, SandboxTemplateSpec, str]] = field(default_factory=dict)
     # one lock per Pool: its capacity check and creates (refill or a claim's cold start) never interleave
@@ -151,6 +155,26 @@ class Context:
         for other, since in list(self.terminating.items()):
             if now - since > 600:  # long gone (or re-created: newer sandboxes are never skipped anyway)
                 del self.terminating[other]
+
+    @contextlib.asynccontextmanager
+    async def pod_repair(self, ns: str) -> AsyncIterator[None]:
+        """Around re-creating a lost pod in `ns`: while one such repair is in flight there, the others wait for it,
+        then go on together. When a namespace is deleted its pods go before its sandboxes, and every sandbox looks
+        like one to repair: the first refusal marks the namespace terminating (see `namespace_terminating`), and the
+        repairs that waited for it then find that and skip, however many arrived meanwhile. A real repair wave (a
+        node lost) pays one extra round trip."""
+        ahead = self._repairs.get(ns)
+        if ahead is not None:
+            await asyncio.shield(ahead)  # a waiter cancelled must not cancel the others' wait
+            yield
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._repairs[ns] = done
+        try:
+            yield
+        finally:
+            del self._repairs[ns]
+            done.set_result(None)
 
     def terminating_since(self, ns: str, created: float) -> bool:
         """Whether a sandbox created at `created` sits in a namespace seen being deleted after it was made: repairing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -82,18 +83,22 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
             await ignore({404}, ctx.kube.delete("Pod", name, ns, uid=pod.uid))
     elif pod is None:
         created_at = ctx.pod_creates.get(key)
-        if (body.get("status") or {}).get("nodeName") and not await _still_there(ctx, body):
-            return  # the pod went with its sandbox (a scale-down, say); the sandbox's deletion event is on its way
-        if created_at is None or now - created_at > POD_CREATE_GRACE:
-            try:
-                await _create_pod(ctx, body)
-            except ApiError as exc:
-                if status_code(exc) == 403 and "being terminated" in str(exc):
-                    ctx.namespace_terminating(ns, now)
-                    return  # the namespace is going away with everything in it: nothing to repair
-                raise
-            ctx.pod_creates[key] = now
-            ctx.request_at("Sandbox", ns, name, now + POD_CREATE_GRACE + 1)
+        lost = bool((body.get("status") or {}).get("nodeName"))  # it had a pod: a repair, not a first create
+        async with ctx.pod_repair(ns) if lost else contextlib.nullcontext():
+            if lost and ctx.terminating_since(ns, _ts(meta.get("creationTimestamp"))):
+                return  # the repair ahead of this one found the namespace going
+            if lost and not await _still_there(ctx, body):
+                return  # the pod went with its sandbox (a scale-down, say); the sandbox's deletion event is on its way
+            if created_at is None or now - created_at > POD_CREATE_GRACE:
+                try:
+                    await _create_pod(ctx, body)
+                except ApiError as exc:
+                    if status_code(exc) == 403 and "being terminated" in str(exc):
+                        ctx.namespace_terminating(ns, now)
+                        return  # the namespace is going away with everything in it: nothing to repair
+                    raise
+                ctx.pod_creates[key] = now
+                ctx.request_at("Sandbox", ns, name, now + POD_CREATE_GRACE + 1)
     elif pod.phase in ("Failed", "Succeeded") and not pod.deleting:
         log.info("sandbox %s/%s: pod ended (%s); replacing it", ns, name, pod.phase)
         await ignore({404, 409}, ctx.kube.delete("Pod", name, ns, uid=pod.uid))

@@ -134,3 +134,64 @@ def test_routine_pool_status_writes_are_spaced_and_wait_for_a_claim_stream():
     assert ctx.status_wait(*key, now=10.5) is None
     ctx.claim_activity[key] = 10.6
     assert ctx.status_wait(*key, now=10.65) == pytest.approx(10.75)
+
+
+async def test_lost_pod_repairs_in_a_namespace_wait_for_the_first_then_go_together():
+    import asyncio
+
+    ctx = _ctx()
+    first_in, release = asyncio.Event(), asyncio.Event()
+    order: list[str] = []
+    running = 0
+    peak = 0
+
+    async def repair(who: str, hold: asyncio.Event | None = None) -> None:
+        nonlocal running, peak
+        async with ctx.pod_repair("ns"):
+            running += 1
+            peak = max(peak, running)
+            order.append(who)
+            if hold is not None:
+                first_in.set()
+                await hold.wait()
+            await asyncio.sleep(0.01)
+            running -= 1
+
+    probe = asyncio.create_task(repair("probe", release))
+    await first_in.wait()
+    others = [asyncio.create_task(repair(f"r{i}")) for i in range(5)]
+    await asyncio.sleep(0.05)
+    assert order == ["probe"]  # the rest wait for the repair in flight
+    async with ctx.pod_repair("other-ns"):  # another namespace is not held up
+        pass
+    release.set()
+    await asyncio.gather(probe, *others)
+    assert sorted(order[1:]) == [f"r{i}" for i in range(5)] and peak == 5  # then they run together
+    assert ctx._repairs == {}
+
+
+async def test_a_cancelled_waiter_does_not_cancel_the_repair_it_waits_for():
+    import asyncio
+
+    ctx = _ctx()
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def probe() -> str:
+        async with ctx.pod_repair("ns"):
+            entered.set()
+            await release.wait()
+        return "done"
+
+    async def waiter() -> None:
+        async with ctx.pod_repair("ns"):
+            pass
+
+    p = asyncio.create_task(probe())
+    await entered.wait()
+    w1, w2 = asyncio.create_task(waiter()), asyncio.create_task(waiter())
+    await asyncio.sleep(0.01)
+    w1.cancel()
+    release.set()
+    assert await p == "done"
+    await w2  # still released by the probe
+    assert w1.cancelled() and ctx._repairs == {}
