@@ -16,7 +16,7 @@ import kopf
 from lightkube import ApiError
 
 from . import metrics
-from .api import kube_server as claims_api
+from .claimsapi import kube_server as claims_api
 from .cache import Cache, EventsOnlyDiffBase, PodInfo, claim_keys, sandbox_keys
 from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
 from .context import Context, Settings

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import uvicorn
 
-from corral.operator.api import create_app
+from corral.operator.claimsapi import create_app
 
 from . import engine, spec
 from .runtime import DockerRuntime, Settings

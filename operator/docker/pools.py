@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from corral.operator.api.models import PoolStatus
+from corral.operator.claimsapi.models import PoolStatus
 from corral.operator.planning import MAX_BATCH, plan_pool, plan_warm_pool
 
 from . import engine

@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from corral.operator.api import (
+from corral.operator.claimsapi import (
     Claim, ClaimRequest, Conflict, ExecdTarget, Invalid, NotFound, Snapshot, SnapshotRequest, Unavailable,
 )
-from corral.operator.api.models import SandboxRef
+from corral.operator.claimsapi.models import SandboxRef
 from corral.operator.planning import Member, adoption_order
 
 from . import engine

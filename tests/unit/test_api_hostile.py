@@ -22,7 +22,7 @@ import httpx
 import pytest
 from corral.api.claim import SandboxClaimSpec
 from corral.api.common import EXECD_ENV_PREFIX
-from corral.operator.api import (
+from corral.operator.claimsapi import (
     Claim,
     ClaimRequest,
     ExecdTarget,
@@ -30,7 +30,7 @@ from corral.operator.api import (
     Snapshot,
     create_app,
 )
-from corral.operator.api.app import MAX_JSON_BODY
+from corral.operator.claimsapi.app import MAX_JSON_BODY
 from hostile_http import peak_rss, post
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
@@ -205,7 +205,7 @@ def test_only_health_metrics_and_docs_answer_without_a_token():
 
 SERVER = """
 import socket, sys, uvicorn
-from corral.operator.api import create_app
+from corral.operator.claimsapi import create_app
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 print(sock.getsockname()[1], flush=True)
@@ -403,8 +403,8 @@ def test_an_unexpected_error_is_a_500_that_names_no_internals():
 
 # --- the Kubernetes mode's server serves the same guarded app ----------------------------------------------------
 def kube_server_app() -> tuple[Any, list[dict[str, Any]]]:
-    from corral.operator.api.kube_backend import KubeBackend
-    from corral.operator.api.kube_server import ApiSettings, _Server
+    from corral.operator.claimsapi.kube_backend import KubeBackend
+    from corral.operator.claimsapi.kube_server import ApiSettings, _Server
     from corral.operator.cache import Cache
     from corral.operator.leadership import Leadership
 

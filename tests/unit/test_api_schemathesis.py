@@ -1,4 +1,4 @@
-"""unit: the claims API against its committed OpenAPI document (operator/api/openapi.json), property-based
+"""unit: the claims API against its committed OpenAPI document (operator/claimsapi/openapi.json), property-based
 (schemathesis, issue 15): the document is current, every operation answers valid and invalid input with no 5xx and
 with responses that conform to the document, and every operation refuses a missing or a wrong token (401 in the
 `{code, message}` shape). The real app runs over an in-memory backend that behaves like a mode's: claims are kept,
@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from starlette.testclient import TestClient
 
-from corral.operator.api import (
+from corral.operator.claimsapi import (
     Claim, ClaimRequest, Conflict, ExecdTarget, NotFound, PoolStatus, Snapshot, SnapshotRequest, create_app,
 )
-from corral.operator.api.models import SandboxRef
-from corral.operator.api.openapi import DOCUMENT
+from corral.operator.claimsapi.models import SandboxRef
+from corral.operator.claimsapi.openapi import DOCUMENT
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -109,8 +109,9 @@ OPERATIONS = [(method.upper(), path) for path, item in DOC["paths"].items() for 
 
 
 def test_openapi_document_is_current():
-    """Fails when a route or model changes without `python -m corral.operator.api.openapi` being rerun."""
-    proc = subprocess.run([sys.executable, "-m", "corral.operator.api.openapi", "--check"], capture_output=True,
+    """Fails when a route or model changes without `python -m corral.operator.claimsapi.openapi` being rerun."""
+    proc = subprocess.run([sys.executable, "-m", "corral.operator.claimsapi.openapi", "--check"],
+                          capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     with TestClient(APP) as http:  # and it is what the app serves

@@ -245,7 +245,7 @@ def test_cli_errors_are_one_line_with_the_servers_message(tmp_path, monkeypatch)
 def test_pools_route_lists_the_backends_pools_or_answers_501():
     from fastapi.testclient import TestClient
 
-    from corral.operator.api import PoolStatus, create_app
+    from corral.operator.claimsapi import PoolStatus, create_app
 
     class Old:  # a backend written before list_pools existed
         pass

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from corral.operator.api.backend import Unavailable
-from corral.operator.api.kube_backend import KubeBackend, NotSupported
-from corral.operator.api.kube_server import ApiSettings
+from corral.operator.claimsapi.backend import Unavailable
+from corral.operator.claimsapi.kube_backend import KubeBackend, NotSupported
+from corral.operator.claimsapi.kube_server import ApiSettings
 from corral.operator.cache import Cache
 from corral.operator.leadership import Leadership
-from corral.operator.api.models import ClaimRequest
+from corral.operator.claimsapi.models import ClaimRequest
 
 
 def backend(claims=None):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from .kube_backend import KubeBackend
 
-log = logging.getLogger("corral.operator.api")
+log = logging.getLogger("corral.operator.claimsapi")
 
 
 class ApiSettings(BaseModel):

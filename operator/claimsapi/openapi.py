@@ -1,7 +1,7 @@
-"""The OpenAPI document of the claims API, built from the FastAPI app; committed as operator/api/openapi.json.
+"""The OpenAPI document of the claims API, built from the FastAPI app; committed as operator/claimsapi/openapi.json.
 
-    python -m corral.operator.api.openapi           # rewrite operator/api/openapi.json
-    python -m corral.operator.api.openapi --check   # exit 1 if the committed file differs (the drift test runs this)
+    python -m corral.operator.claimsapi.openapi           # rewrite operator/claimsapi/openapi.json
+    python -m corral.operator.claimsapi.openapi --check   # exit 1 if the committed file differs (the drift test)
 
 The document is what the app serves at /openapi.json (routes, models, the bearer security scheme); building it
 needs no backend, so a stand-in that answers nothing is used.
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not DOCUMENT.exists() or DOCUMENT.read_text() != text:
-            print(f"{DOCUMENT} is stale: run `python -m corral.operator.api.openapi`", file=sys.stderr)
+            print(f"{DOCUMENT} is stale: run `python -m corral.operator.claimsapi.openapi`", file=sys.stderr)
             return 1
         return 0
     DOCUMENT.write_text(text)

@@ -1,4 +1,4 @@
-"""corral.operator.api: the claims HTTP API, served by the operator in both modes (Docker and Kubernetes).
+"""corral.operator.claimsapi: the claims HTTP API, served by the operator in both modes (Docker and Kubernetes).
 
 `create_app(backend, token)` builds the FastAPI app; a mode plugs in through the small `ClaimsBackend` protocol
 (backend.py). Every route but health, metrics and the API docs needs `Authorization: Bearer <token>`, checked
@@ -18,8 +18,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # create_app is imported on first use: the SDK and CLI import corral.operator.api.models for the wire types and
-    # should not pay for FastAPI (~0.4 s) on every `corral` command.
+    # create_app is imported on first use: importing the package for its models should not pay for FastAPI (~0.4 s).
     if name == "create_app":
         from .app import create_app
 

@@ -46,7 +46,7 @@ from .models import (
     NAME_MAX, Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, Snapshot, SnapshotRequest,
 )
 
-log = logging.getLogger("corral.operator.api")
+log = logging.getLogger("corral.operator.claimsapi")
 
 REQUESTS = Counter("corral_claims_api_requests_total", "Claims HTTP API requests", ["route", "status"])
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",

@@ -42,7 +42,7 @@ from ..planning import Member
 from .backend import BackendError, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
 from .models import Claim, ClaimRequest, PoolStatus, SandboxRef, Snapshot, SnapshotRequest
 
-log = logging.getLogger("corral.operator.api")
+log = logging.getLogger("corral.operator.claimsapi")
 
 CLAIM_TIMEOUT_MIN = 300     # a claim's own timeoutSeconds (the CR's): at least this, whatever the request waits
 DELETE_GRACE = 30.0         # how long DELETE waits for the claim to disappear
