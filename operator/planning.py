@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .core import lifecycle
+
 MAX_BATCH = 32
 
 
@@ -39,15 +41,50 @@ class Member:
     suspended: bool = False
 
 
+@dataclass
+class SlowStart:
+    """Batch pacing for creates and deletes: 1, 2, 4, ... capped at `cap` (CORRAL_MAX_BATCH in both runtimes).
+
+    One object per run of batches: `take(n)` is the next batch for n outstanding, `grow()` after a batch that
+    succeeded, `reset()` after one that failed (or once the pool has converged), so a failing engine or API server
+    sees single creates, not a storm.
+    """
+
+    cap: int = MAX_BATCH
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise ValueError(f"the slow-start cap must be >= 1, not {self.cap}")
+
+    def take(self, n: int) -> int:
+        return max(0, min(n, self.size, self.cap))
+
+    def grow(self) -> None:
+        self.size = min(self.size * 2, self.cap)
+
+    def reset(self) -> None:
+        self.size = 1
+
+
 def slow_start(n: int, cap: int = MAX_BATCH) -> list[int]:
     """Batch sizes 1, 2, 4, ... (capped) that add up to n. The first batch is always 1."""
-    out, size = [], 1
+    out, pace = [], SlowStart(cap)
     while n > 0:
-        b = min(size, n, cap)
+        b = pace.take(n)
         out.append(b)
         n -= b
-        size *= 2
+        pace.grow()
     return out
+
+
+def pool_desired(*, buffer_min: int, pool_min: int, pool_max: int, allocated: int) -> int:
+    """A Pool's desired total: what is allocated plus the idle buffer's floor, within [poolMin, poolMax].
+
+    The `desired` of the claims API's pool list and of the corral_pool_sandboxes gauge, in both runtimes. Pass the
+    values of a validated `corral.api.Capacity`, never raw dict lookups with defaults of their own.
+    """
+    return max(pool_min, min(pool_max, allocated + buffer_min))
 
 
 def deletion_order(members: Iterable[Member], current_hash: str | None) -> list[Member]:
@@ -79,7 +116,7 @@ def plan_warm_pool(
     stay claimable and are replaced as they are claimed.
     """
     plan = Plan()
-    stuck = [m for m in idle if not m.ready and now - m.created > readiness_grace]
+    stuck = [m for m in idle if lifecycle.stuck(m.created, m.ready, now, readiness_grace)]
     stale = [m for m in idle if strategy == "Recreate" and current_hash and m.blueprint_hash != current_hash]
     doomed = {m.name: m for m in [*stuck, *stale]}
     if stuck:
