@@ -8,16 +8,17 @@
 source "$(dirname "$0")/lib.sh"
 t0=$SECONDS
 
-# 1. Python: the project in editable mode with the dev extras, in $CORRAL_VENV (default .venv).
+# 1. Python: the project in editable mode with every extra (operator, execd, components) and the dev tools, in
+#    $CORRAL_VENV (default .venv).
 if [[ ! -x "$CORRAL_VENV/bin/python" ]]; then
   log "creating $CORRAL_VENV"
   python3 -m venv "$CORRAL_VENV"
 fi
-stamp="$CORRAL_VENV/.corral-installed-$(sha256sum "$REPO_DIR/pyproject.toml" | cut -c1-12)"
+stamp="$CORRAL_VENV/.corral-installed-$(cat "$REPO_DIR/pyproject.toml" "$REPO_DIR/setup.py" | sha256sum | cut -c1-12)"
 if [[ ! -f "$stamp" ]]; then
-  log "pip install -e '.[dev]'"
+  log "pip install -e '.[all,dev]'"
   "$CORRAL_VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$CORRAL_VENV/bin/pip" install -q -e "$REPO_DIR[dev]"
+  "$CORRAL_VENV/bin/pip" install -q -e "$REPO_DIR[all,dev]"
   rm -f "$CORRAL_VENV"/.corral-installed-* && touch "$stamp"
 fi
 
