@@ -15,7 +15,9 @@ from .errors import (
     ClaimFailed, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, NotReady, ServerError, TransportError,
     Unauthorized, Unavailable,
 )
-from .models import Claim, CommandResult, CommandStatus, Exit, FileInfo, Output, PoolStatus, SearchResult, Snapshot
+from .models import (
+    Claim, CommandResult, CommandStatus, Exit, FileInfo, Output, PoolStatus, RetainedSandbox, SearchResult, Snapshot,
+)
 from .sync import Client, Sandbox
 from .terminal import AsyncTerminal, Terminal
 
@@ -23,5 +25,6 @@ __all__ = [
     "Client", "Sandbox", "AsyncClient", "AsyncSandbox", "Terminal", "AsyncTerminal", "Retry",
     "CorralError", "InvalidRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "NotReady", "ClaimFailed",
     "Unavailable", "ServerError", "TransportError",
-    "Claim", "PoolStatus", "Snapshot", "CommandResult", "CommandStatus", "Output", "Exit", "FileInfo", "SearchResult",
+    "Claim", "PoolStatus", "Snapshot", "RetainedSandbox", "CommandResult", "CommandStatus", "Output", "Exit", "FileInfo",
+    "SearchResult",
 ]

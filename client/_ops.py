@@ -124,6 +124,25 @@ def list_pools() -> Call:
                 parse=lambda r: [m.PoolStatus.model_validate(p) for p in r.json()["items"]])
 
 
+def list_retained() -> Call:
+    return Call("GET", "/v1/retained", idempotent=True,
+                parse=lambda r: [m.RetainedSandbox.model_validate(s) for s in r.json()["items"]])
+
+
+def delete_retained(name: str) -> Call:
+    return Call("DELETE", f"/v1/retained/{q(name)}", idempotent=True)
+
+
+def list_snapshots() -> Call:
+    return Call("GET", "/v1/snapshots", idempotent=True,
+                parse=lambda r: [m.Snapshot.model_validate(s) for s in r.json()["items"]])
+
+
+def delete_snapshot(ref: str) -> Call:
+    # A reference keeps its '/' and ':' (the route takes the rest of the path); anything else is escaped.
+    return Call("DELETE", f"/v1/snapshots/{quote(ref, safe='/:@')}", idempotent=True, timeout=120.0)
+
+
 # --- execd, through the proxy -----------------------------------------------------------------------------------
 def command_body(command: str | Sequence[str], *, cwd: str | None, env: Mapping[str, str] | None,
                  timeout: float | None, user: str | None, background: bool = False) -> dict[str, Any]:

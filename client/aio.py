@@ -131,6 +131,31 @@ class AsyncClient:
     async def pools(self) -> list[m.PoolStatus]:
         return await self.call(ops.list_pools())
 
+    async def retained(self) -> list[m.RetainedSandbox]:
+        """Sandboxes kept after their claim ended (claimed with shutdown_policy="Retain"), oldest first."""
+        return await self.call(ops.list_retained())
+
+    async def delete_retained(self, name: str) -> bool:
+        """Delete a retained sandbox; False if there was none of that name."""
+        try:
+            await self.call(ops.delete_retained(name))
+            return True
+        except NotFound:
+            return False
+
+    async def snapshots(self) -> list[m.Snapshot]:
+        """Snapshot images (Docker mode; Kubernetes answers InvalidRequest with code not_supported)."""
+        return await self.call(ops.list_snapshots())
+
+    async def delete_snapshot(self, ref: str) -> bool:
+        """Remove a snapshot by its image reference or ID; False if there was none. Conflict while a sandbox or a
+        pool uses it."""
+        try:
+            await self.call(ops.delete_snapshot(ref))
+            return True
+        except NotFound:
+            return False
+
     async def release(self, name: str) -> bool:
         try:
             await self.call(ops.delete_claim(name))

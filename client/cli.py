@@ -7,6 +7,8 @@
     corral shell NAME                         interactive terminal (raw mode, resizes follow the window)
     corral cp SRC DST                         NAME:/path on either side; streamed with a progress bar
     corral release NAME...                    end claims
+    corral retained ls | rm NAME...           sandboxes kept after their claim ended (--retain)
+    corral snapshots ls | rm REF...           snapshot images (Docker mode)
     corral config pulumi --stack local        write ~/.config/corral/config.toml from the stack's outputs
     corral config set --url URL --token T     ... or from an address and a token
 """
@@ -36,6 +38,11 @@ app = typer.Typer(name="corral", help="Claim and use Corral sandboxes.", no_args
                   pretty_exceptions_enable=False, add_completion=False)
 config_app = typer.Typer(help="Where the claims API is: the config file.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+retained_app = typer.Typer(help="Sandboxes kept after their claim ended (claimed with --retain).",
+                           no_args_is_help=True)
+app.add_typer(retained_app, name="retained")
+snapshots_app = typer.Typer(help="Snapshot images of claims (Docker mode).", no_args_is_help=True)
+app.add_typer(snapshots_app, name="snapshots")
 out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True)
 
@@ -169,6 +176,86 @@ def release(ctx: typer.Context, names: Annotated[list[str], typer.Argument(help=
                 missing += 1
     if missing:
         raise typer.Exit(1)
+
+
+# --- what outlives a claim: retained sandboxes and snapshots -------------------------------------------------------
+def _when(t: Any) -> str:
+    return t.astimezone().strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"
+
+
+def _remove(ctx: typer.Context, things: list[str], what: str, remove: Any) -> None:
+    """`rm` of retained sandboxes and snapshots: one line each on stderr, exit 1 if any was not there."""
+    missing = 0
+    with run_cli(ctx.obj.client) as client:
+        for thing in things:
+            if run_cli(lambda: remove(client, thing)):
+                err.print(f"removed {thing}", highlight=False)
+            else:
+                err.print(f"[yellow]no {what} {thing}[/yellow]", highlight=False)
+                missing += 1
+    if missing:
+        raise typer.Exit(1)
+
+
+@retained_app.command("ls")
+def retained_ls(ctx: typer.Context,
+                as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List retained sandboxes: the claim and pool each was retained from, when, its state, whether execd answers."""
+    with run_cli(ctx.obj.client) as client:
+        items = run_cli(client.retained)
+    if as_json:
+        out.print_json(json.dumps([r.model_dump(mode="json", by_alias=True) for r in items]))
+        return
+    t = Table()
+    for col in ("name", "template", "pool", "claim", "retained", "state", "ready"):
+        t.add_column(col, no_wrap=True)
+    for r in items:
+        t.add_row(r.name, r.template, r.pool or "-", r.claim or "-", _when(r.retained_at), r.state,
+                  "yes" if r.ready else "no")
+    out.print(t)
+
+
+@retained_app.command("rm")
+def retained_rm(ctx: typer.Context,
+                names: Annotated[list[str], typer.Argument(help="Retained sandboxes to delete.")]) -> None:
+    """Delete retained sandboxes (their containers or pods go with them)."""
+    _remove(ctx, names, "retained sandbox", lambda client, name: client.delete_retained(name))
+
+
+@snapshots_app.command("ls")
+def snapshots_ls(ctx: typer.Context,
+                 as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List snapshot images: the claim each was taken from, when, its size."""
+    with run_cli(ctx.obj.client) as client:
+        items = run_cli(client.snapshots)
+    if as_json:
+        out.print_json(json.dumps([s.model_dump(mode="json", by_alias=True) for s in items]))
+        return
+    t = Table()
+    for col in ("image", "claim", "created", "size", "id"):
+        t.add_column(col, no_wrap=True, justify="right" if col == "size" else "left")
+    for snap in items:
+        t.add_row(snap.image, snap.claim or "-", _when(snap.created), _size(snap.size),
+                  snap.id.removeprefix("sha256:")[:12])
+    out.print(t)
+
+
+@snapshots_app.command("rm")
+def snapshots_rm(ctx: typer.Context,
+                 refs: Annotated[list[str], typer.Argument(help="Snapshot image references (or IDs) to remove.")],
+                 ) -> None:
+    """Remove snapshot images (refused while a sandbox or a pool uses one)."""
+    _remove(ctx, refs, "snapshot", lambda client, ref: client.delete_snapshot(ref))
 
 
 # --- exec and shell ------------------------------------------------------------------------------------------------

@@ -25,6 +25,10 @@ class Snapshot(wire.Snapshot):
     model_config = ConfigDict(extra="ignore")
 
 
+class RetainedSandbox(wire.RetainedSandbox):
+    model_config = ConfigDict(extra="ignore")
+
+
 class _Execd(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -110,6 +110,31 @@ class Client:
     def pools(self) -> list[m.PoolStatus]:
         return self.call(ops.list_pools())
 
+    def retained(self) -> list[m.RetainedSandbox]:
+        """Sandboxes kept after their claim ended (claimed with shutdown_policy="Retain"), oldest first."""
+        return self.call(ops.list_retained())
+
+    def delete_retained(self, name: str) -> bool:
+        """Delete a retained sandbox; False if there was none of that name."""
+        try:
+            self.call(ops.delete_retained(name))
+            return True
+        except NotFound:
+            return False
+
+    def snapshots(self) -> list[m.Snapshot]:
+        """Snapshot images (Docker mode; Kubernetes answers InvalidRequest with code not_supported)."""
+        return self.call(ops.list_snapshots())
+
+    def delete_snapshot(self, ref: str) -> bool:
+        """Remove a snapshot by its image reference or ID; False if there was none. Conflict while a sandbox or a
+        pool uses it."""
+        try:
+            self.call(ops.delete_snapshot(ref))
+            return True
+        except NotFound:
+            return False
+
     def release(self, name: str) -> bool:
         """End a claim; False if there was none of that name (already released)."""
         try:

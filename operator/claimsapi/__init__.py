@@ -7,13 +7,14 @@ before any body is read; every error is `{"code", "message"}` with a 4xx/5xx sta
 
 from .backend import BackendError, ClaimsBackend, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
 from .models import (
-    Claim, ClaimList, ClaimRequest, Error, PoolList, PoolStatus, RenewRequest, Snapshot, SnapshotRequest,
+    Claim, ClaimList, ClaimRequest, Error, PoolList, PoolStatus, RenewRequest, RetainedSandbox, RetainedSandboxList,
+    Snapshot, SnapshotList, SnapshotRequest,
 )
 
 __all__ = [
     "create_app", "ClaimsBackend", "ExecdTarget", "BackendError", "NotFound", "Conflict", "Invalid", "Unavailable",
-    "Claim", "ClaimList", "ClaimRequest", "Error", "PoolList", "PoolStatus", "RenewRequest", "Snapshot",
-    "SnapshotRequest",
+    "Claim", "ClaimList", "ClaimRequest", "Error", "PoolList", "PoolStatus", "RenewRequest", "RetainedSandbox",
+    "RetainedSandboxList", "Snapshot", "SnapshotList", "SnapshotRequest",
 ]
 
 

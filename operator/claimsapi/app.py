@@ -8,6 +8,10 @@
     POST   /v1/claims/{name}/pause | /resume
     POST   /v1/claims/{name}/snapshot         {tag?} -> {image, id}
     GET    /v1/pools                          pools with desired/ready/idle/allocated (501 if the backend has none)
+    GET    /v1/retained                       sandboxes kept after their claim ended (shutdownPolicy Retain)
+    DELETE /v1/retained/{name}                delete one (204; 404 for any sandbox that is not retained)
+    GET    /v1/snapshots                      snapshot images (Kubernetes: 400 not_supported, as every snapshot route)
+    DELETE /v1/snapshots/{ref}                remove one by reference or image ID (204; 409 while a sandbox uses it)
     ANY    /v1/claims/{name}/execd/{path}     proxied to the sandbox's execd (its token added; yours removed);
                                               WebSockets too (execd's PTY), same path
     GET    /v1/health, /metrics               no token
@@ -43,7 +47,8 @@ from corral.execd.wsrelay import relay
 
 from .backend import BackendError, ClaimsBackend
 from .models import (
-    NAME_MAX, Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, Snapshot, SnapshotRequest,
+    IMAGE_REF, NAME_MAX, Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, RetainedSandboxList, Snapshot,
+    SnapshotList, SnapshotRequest,
 )
 
 log = logging.getLogger("corral.operator.claimsapi")
@@ -67,6 +72,9 @@ NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
 ClaimName = Annotated[str, Path(min_length=1, max_length=NAME_MAX, pattern=DNS_SUBDOMAIN)]
 PoolName = Annotated[str | None, Query(min_length=1, max_length=NAME_MAX, pattern=DNS_SUBDOMAIN)]
 ProxiedPath = Annotated[str, Path(max_length=4096, pattern=NO_CONTROL)]
+SandboxName = ClaimName
+SnapshotRef = Annotated[str, Path(min_length=1, max_length=512, pattern=IMAGE_REF,
+                                  description="The snapshot's image reference (as listed) or image ID.")]
 
 
 def error(status: int, code: str, message: str) -> JSONResponse:
@@ -325,6 +333,31 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
         if lister is None:
             raise BackendError("this mode's backend cannot list pools yet", code="not_implemented", status=501)
         return PoolList(items=await lister())
+
+    def optional(method: str) -> Any:
+        """A backend method added after the first protocol (see backend.py): 501 where a backend lacks it."""
+        found = getattr(backend, method, None)
+        if found is None:
+            raise BackendError(f"this mode's backend has no {method} yet", code="not_implemented", status=501)
+        return found
+
+    @app.get("/v1/retained", response_model=RetainedSandboxList, responses={501: {"model": Error}})
+    async def list_retained() -> RetainedSandboxList:
+        return RetainedSandboxList(items=await optional("list_retained")())
+
+    @app.delete("/v1/retained/{name}", status_code=204, responses={501: {"model": Error}})
+    async def delete_retained(name: SandboxName) -> Response:
+        await optional("delete_retained")(name)
+        return Response(status_code=204)
+
+    @app.get("/v1/snapshots", response_model=SnapshotList, responses={501: {"model": Error}})
+    async def list_snapshots() -> SnapshotList:
+        return SnapshotList(items=await optional("list_snapshots")())
+
+    @app.delete("/v1/snapshots/{ref:path}", status_code=204, responses={501: {"model": Error}})
+    async def delete_snapshot(ref: SnapshotRef) -> Response:
+        await optional("delete_snapshot")(ref)
+        return Response(status_code=204)
 
     @app.api_route("/v1/claims/{name}/execd/{path:path}", include_in_schema=False,
                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])

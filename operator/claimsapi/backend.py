@@ -4,8 +4,10 @@ Every method is async and raises a `BackendError` subclass for anything the clie
 `{code, message}` body with the error's status). `execd_target` is all the proxy needs: where the sandbox's execd
 answers and with which token; the API never exposes either to clients.
 
-`list_pools` (GET /v1/pools, for `corral pools`) was added after the first version; a backend that does not have it
-yet makes that route answer 501 `not_implemented` (the app checks with getattr), everything else is unaffected.
+`list_pools` (GET /v1/pools, for `corral pools`) was added after the first version, and so were the retained
+sandboxes and snapshots (`list_retained`, `delete_retained`, `list_snapshots`, `delete_snapshot`); a backend that
+does not have one yet makes its route answer 501 `not_implemented` (the app checks with getattr), everything else is
+unaffected.
 A claim that exists but is not Ready (execd_target, pause, ...) is a `Conflict` worded "claim <name> is <Phase>, not
 Ready" (or with code="not_ready"): the SDK turns either into its `NotReady` exception.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .models import Claim, ClaimRequest, PoolStatus, Snapshot, SnapshotRequest
+from .models import Claim, ClaimRequest, PoolStatus, RetainedSandbox, Snapshot, SnapshotRequest
 
 
 class BackendError(Exception):
@@ -81,3 +83,16 @@ class ClaimsBackend(Protocol):
     async def list_pools(self) -> list[PoolStatus]:
         """Every WarmPool and Pool of the mode (Kubernetes: of the operator's namespaces) with its counts:
         desired, ready (idle and ready), idle (unclaimed, ready or starting), allocated (bound to a claim)."""
+
+    async def list_retained(self) -> list[RetainedSandbox]:
+        """Sandboxes kept after their claim ended (shutdownPolicy Retain), oldest first."""
+
+    async def delete_retained(self, name: str) -> None:
+        """Delete a retained sandbox (NotFound for any other name, a pool's or a claim's sandbox included)."""
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        """Snapshot images of this mode, one per reference, oldest first."""
+
+    async def delete_snapshot(self, ref: str) -> None:
+        """Remove a snapshot by its reference or image ID (NotFound for anything that is not one of this mode's
+        snapshots; Conflict while a sandbox uses it)."""

@@ -126,9 +126,36 @@ class SnapshotRequest(_M):
 
 
 class Snapshot(_M):
-    claim: str
+    claim: str | None = Field(description="The claim it was taken from.")
     image: str = Field(description="Local image reference; pass it as `snapshot` of a new claim or as a template image.")
     id: str
+    created: datetime | None = Field(default=None, description="When it was taken.")
+    size: int | None = Field(default=None, description="The image's size in bytes (its layers shared with the "
+                                                       "template's image included).")
+
+
+class SnapshotList(_M):
+    items: list[Snapshot]
+
+
+class RetainedSandbox(_M):
+    """A sandbox kept after its claim ended (shutdownPolicy Retain): it belongs to no pool and no claim, and lives
+    until it is deleted (DELETE /v1/retained/{name}). The claims API does not proxy to it."""
+
+    name: str
+    template: str
+    pool: str | None = Field(default=None, description="The pool of the claim it was retained from.")
+    claim: str | None = Field(default=None, description="The claim it was retained from.")
+    retained_at: datetime | None = Field(default=None, description="When the claim ended.")
+    created: datetime | None = Field(default=None, description="When the sandbox was created.")
+    state: str = Field(description="Docker: the container's state (running, paused, exited, ..., or missing). "
+                                   "Kubernetes: the Sandbox's phase (Running, Pending, ...).")
+    ready: bool = Field(description="Its execd answers (Docker: its health endpoint, asked now; Kubernetes: the "
+                                    "pod's readiness probe on it).")
+
+
+class RetainedSandboxList(_M):
+    items: list[RetainedSandbox]
 
 
 class PoolStatus(_M):

@@ -311,7 +311,69 @@ def commit(client: docker.DockerClient, ref: str, *, stack: str, tag: str, env: 
     clean = {**env, "CORRAL_EXECD_TOKEN": ""}
     conf = {"Env": [f"{k}={v}" for k, v in clean.items()], "Labels": {**labels, **stack_labels(stack, "snapshot")}}
     image = client.containers.get(ref).commit(repository=repo, tag=tag, conf=conf, pause=True)
-    return {"image": f"{repo}:{tag}", "id": image.id}
+    return snapshot_info(client.images.get(image.id), f"{repo}:{tag}")
+
+
+L_SNAPSHOT_OF = "corral.dev/snapshot-of"  # on a snapshot image: the claim it was taken from
+
+
+def snapshot_info(image: Any, ref: str) -> dict[str, Any]:
+    """What the claims API says of a snapshot image: its reference, ID, source claim, creation time and size."""
+    attrs = image.attrs
+    return {"image": ref, "id": image.id, "claim": (attrs.get("Config") or {}).get("Labels", {}).get(L_SNAPSHOT_OF),
+            "created": attrs.get("Created"), "size": attrs.get("Size")}
+
+
+def list_snapshots(client: docker.DockerClient, stack: str) -> list[dict[str, Any]]:
+    """Every snapshot image of the stack, one entry per tag (an untagged one, by its ID), oldest first."""
+    out = []
+    for img in client.images.list(filters={"label": [f"{L_STACK}={stack}", f"{L_ROLE}=snapshot"]}):
+        for ref in img.tags or [img.id]:
+            out.append(snapshot_info(img, ref))
+    return sorted(out, key=lambda s: (s["created"] or "", s["image"]))
+
+
+def snapshot_image(client: docker.DockerClient, stack: str, ref: str) -> Any | None:
+    """The stack's snapshot image `ref` names (a reference or an image ID), or None: no such image, or an image that
+    is not one of this stack's snapshots (a template's image, say), which the snapshot routes never touch."""
+    try:
+        image = client.images.get(ref)
+    except (ImageNotFound, NotFound):
+        return None
+    labels = (image.attrs.get("Config") or {}).get("Labels") or {}
+    if labels.get(L_STACK) != stack or labels.get(L_ROLE) != "snapshot":
+        return None
+    return image
+
+
+def remove_snapshot(client: docker.DockerClient, stack: str, ref: str) -> str:
+    """Remove a snapshot: the tag `ref` (the image goes with its last tag), or the image `ref` is the ID of (every
+    tag). Returns "removed", "missing" (not one of this stack's snapshots) or "in-use: <containers>" (a container,
+    say a sandbox started from it, still uses it: nothing is removed)."""
+    image = snapshot_image(client, stack, ref)
+    if image is None:
+        return "missing"
+    users = client.containers.list(all=True, filters={"ancestor": image.id})
+    if users:
+        return "in-use: " + ", ".join(sorted(c.name for c in users))
+    by_id = image.id.removeprefix("sha256:").startswith(ref.removeprefix("sha256:"))
+    try:  # by ID: every tag goes (force: Docker refuses an image with several tags otherwise; none is in use)
+        client.images.remove(image.id if by_id else ref, force=by_id and len(image.tags) > 1)
+    except (ImageNotFound, NotFound):
+        return "missing"
+    except APIError as exc:
+        if exc.status_code == 409:  # a container started from it meanwhile
+            return "in-use: a container started from it meanwhile"
+        raise
+    return "removed"
+
+
+def container_state(client: docker.DockerClient, ref: str) -> str:
+    """A container's state as Docker says it (running, paused, exited, ...), or "missing"."""
+    try:
+        return client.api.inspect_container(ref)["State"]["Status"]
+    except NotFound:
+        return "missing"
 
 
 def image_exists(client: docker.DockerClient, ref: str) -> bool:

@@ -36,7 +36,10 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   created REAL NOT NULL,
   ip TEXT,
   host_port INTEGER,
-  launch_type TEXT              -- warm | cold (set when claimed)
+  launch_type TEXT,             -- warm | cold (set when claimed)
+  retained_from TEXT,           -- state retained: the claim it was retained from,
+  retained_pool TEXT,           --   that claim's pool (the sandbox left it),
+  retained_at REAL              --   and when
 );
 CREATE INDEX IF NOT EXISTS sandboxes_pool ON sandboxes(pool, state);
 CREATE TABLE IF NOT EXISTS claims (
@@ -56,6 +59,9 @@ CREATE TABLE IF NOT EXISTS claims (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# Columns added after the first schema: (table, column, type). A store written by an older operator gets them at open.
+ADDED_COLUMNS = (("sandboxes", "retained_from", "TEXT"), ("sandboxes", "retained_pool", "TEXT"),
+                 ("sandboxes", "retained_at", "REAL"))
 
 
 @dataclass
@@ -73,6 +79,9 @@ class SandboxRow:
     ip: str | None = None
     host_port: int | None = None
     launch_type: str | None = None
+    retained_from: str | None = None
+    retained_pool: str | None = None
+    retained_at: float | None = None
 
     def member(self) -> Member:
         return Member(name=self.name, namespace="docker", uid=self.container_id or "", template=self.template,
@@ -109,6 +118,10 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
+            for table, column, kind in ADDED_COLUMNS:
+                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         with self._lock:

@@ -2,7 +2,7 @@
 (schemathesis, issue 15): the document is current, every operation answers valid and invalid input with no 5xx and
 with responses that conform to the document, and every operation refuses a missing or a wrong token (401 in the
 `{code, message}` shape). The real app runs over an in-memory backend that behaves like a mode's: claims are kept,
-unknown names are 404, releasing twice is 404, pools are listed."""
+unknown names are 404, releasing twice is 404, pools, retained sandboxes and snapshots are listed."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from schemathesis import GenerationMode
 from starlette.testclient import TestClient
 
 from corral.operator.claimsapi import (
-    Claim, ClaimRequest, Conflict, ExecdTarget, NotFound, PoolStatus, Snapshot, SnapshotRequest, create_app,
+    Claim, ClaimRequest, Conflict, ExecdTarget, NotFound, PoolStatus, RetainedSandbox, Snapshot, SnapshotRequest,
+    create_app,
 )
 from corral.operator.claimsapi.models import SandboxRef
 from corral.operator.claimsapi.openapi import DOCUMENT
@@ -97,6 +98,22 @@ class MemoryBackend:
         return [PoolStatus(name=n, kind=k, template=n, desired=1, ready=1, idle=1, allocated=0)
                 for n, k in self.POOLS.items()]
 
+    async def list_retained(self) -> list[RetainedSandbox]:
+        return [RetainedSandbox(name="kept-1", template="python", pool="python", claim="c1",
+                                retained_at=datetime.now(timezone.utc), state="running", ready=True)]
+
+    async def delete_retained(self, name: str) -> None:
+        if name != "kept-1":
+            raise NotFound(f"no retained sandbox named {name}")
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        return [Snapshot(claim="c1", image="corral-snapshot/test:c1-1", id="sha256:" + "0" * 64,
+                         created=datetime.now(timezone.utc), size=1 << 20)]
+
+    async def delete_snapshot(self, ref: str) -> None:
+        if ref != "corral-snapshot/test:c1-1":
+            raise NotFound(f"no snapshot {ref}")
+
 
 APP = create_app(MemoryBackend(), TOKEN)
 schema = schemathesis.openapi.from_path(DOCUMENT)
@@ -122,7 +139,7 @@ def test_the_document_declares_the_token_on_every_operation():
     assert DOC["components"]["securitySchemes"]["bearer"] == {
         "type": "http", "scheme": "bearer", "description": "The API token (CORRAL_API_TOKEN)."}
     assert DOC["security"] == [{"bearer": []}]
-    assert len(OPERATIONS) >= 9
+    assert len(OPERATIONS) >= 13
 
 
 @schema.parametrize()
@@ -136,7 +153,7 @@ def test_claims_api_conforms_to_its_document(case):
 @pytest.mark.parametrize("auth", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
                                   {"Authorization": f"Basic {TOKEN}"}, {"X-EXECD-ACCESS-TOKEN": TOKEN}])
 def test_every_operation_refuses_a_missing_or_wrong_token(method: str, path: str, auth: dict[str, str]):
-    url = path.replace("{name}", "c1")
+    url = path.replace("{name}", "c1").replace("{ref}", "corral-snapshot/test:c1-1")
     with TestClient(APP) as http:
         r = http.request(method, url, headers=auth, json={"pool": "python"} if method == "POST" else None)
     assert r.status_code == 401, (method, path, r.status_code, r.text)

@@ -271,3 +271,116 @@ def test_pools_route_lists_the_backends_pools_or_answers_501():
 
         with Client("http://api.test", "t", transport=httpx.MockTransport(forward)) as c:  # the SDK parses it
             assert [(p.name, p.ready, p.allocated) for p in c.pools()] == [("python", 1, 3)]
+
+
+class Leftovers:
+    """A backend with one retained sandbox and one snapshot (what a Docker operator answers), recording removals;
+    `kube=True` answers the snapshot routes as the Kubernetes backend does."""
+
+    def __init__(self, kube: bool = False) -> None:
+        from datetime import datetime, timezone
+
+        from corral.operator.claimsapi import RetainedSandbox, Snapshot
+
+        at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+        self.kube, self.removed = kube, []
+        self.kept = {"kept-1": RetainedSandbox(name="kept-1", template="python", pool="python", claim="c1",
+                                               retained_at=at, created=at, state="running", ready=True)}
+        self.snaps = {"corral-snapshot/st:c1-1": Snapshot(claim="c1", image="corral-snapshot/st:c1-1",
+                                                          id="sha256:" + "ab" * 32, created=at, size=3 << 20)}
+
+    async def list_retained(self):
+        return list(self.kept.values())
+
+    async def delete_retained(self, name):
+        from corral.operator.claimsapi import NotFound as Missing
+
+        if self.kept.pop(name, None) is None:
+            raise Missing(f"no retained sandbox named {name!r}")
+        self.removed.append(name)
+
+    def _no_snapshots(self):
+        from corral.operator.claimsapi.kube_backend import NOT_SUPPORTED, NotSupported
+
+        if self.kube:
+            raise NotSupported(NOT_SUPPORTED["snapshot"])
+
+    async def list_snapshots(self):
+        self._no_snapshots()
+        return list(self.snaps.values())
+
+    async def delete_snapshot(self, ref):
+        from corral.operator.claimsapi import Conflict as InUse, NotFound as Missing
+
+        self._no_snapshots()
+        if ref == "corral-snapshot/st:busy":
+            raise InUse(f"snapshot {ref!r} is in use by corral-st-python-1")
+        if self.snaps.pop(ref, None) is None:
+            raise Missing(f"no snapshot {ref!r}")
+        self.removed.append(ref)
+
+
+@pytest.fixture
+def leftovers(monkeypatch):
+    """The CLI against the real claims app over `Leftovers` (the SDK's requests forwarded in process)."""
+    from fastapi.testclient import TestClient
+
+    from corral.client import cli
+    from corral.operator.claimsapi import create_app
+
+    state = {"backend": Leftovers()}
+
+    def make(self, **kw):
+        http = TestClient(create_app(state["backend"], "t"))
+
+        def forward(request: httpx.Request) -> httpx.Response:
+            r = http.request(request.method, request.url.raw_path.decode(), headers=dict(request.headers))
+            return httpx.Response(r.status_code, content=r.content, headers=r.headers)
+
+        return Client("http://api.test", "t", transport=httpx.MockTransport(forward), retry=ops.Retry(attempts=1))
+
+    monkeypatch.setattr(cli.Ctx, "client", make)
+    return state
+
+
+def test_cli_lists_and_removes_retained_sandboxes(leftovers):
+    from typer.testing import CliRunner
+
+    backend = leftovers["backend"]
+    res = CliRunner().invoke(app, ["retained", "ls"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if "kept-1" in line).split("│")
+    assert [c.strip() for c in row[1:-1]][:4] == ["kept-1", "python", "python", "c1"]
+    assert row[-3].strip() == "running" and row[-2].strip() == "yes"
+    listed = json.loads(CliRunner().invoke(app, ["retained", "ls", "--json"]).output)
+    assert listed[0]["name"] == "kept-1" and listed[0]["claim"] == "c1"
+    assert listed[0]["retainedAt"] == "2026-01-02T03:04:05Z"
+    res = CliRunner().invoke(app, ["retained", "rm", "kept-1", "nope"])
+    assert res.exit_code == 1 and "removed kept-1" in res.output and "no retained sandbox nope" in res.output
+    assert backend.removed == ["kept-1"]
+    assert "kept-1" not in CliRunner().invoke(app, ["retained", "ls"]).output
+
+
+def test_cli_lists_and_removes_snapshots_and_says_why_not(leftovers):
+    from typer.testing import CliRunner
+
+    backend = leftovers["backend"]
+    res = CliRunner().invoke(app, ["snapshots", "ls"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    row = [c.strip() for c in next(x for x in res.output.splitlines() if "c1-1" in x).split("│")[1:-1]]
+    assert row[0] == "corral-snapshot/st:c1-1" and row[1] == "c1" and row[3] == "3.0 MiB" and row[4] == "ab" * 6
+    listed = json.loads(CliRunner().invoke(app, ["snapshots", "ls", "--json"]).output)
+    assert listed == [{"claim": "c1", "image": "corral-snapshot/st:c1-1", "id": "sha256:" + "ab" * 32,
+                       "created": "2026-01-02T03:04:05Z", "size": 3 << 20}]
+    busy = CliRunner().invoke(app, ["snapshots", "rm", "corral-snapshot/st:busy"])
+    assert busy.exit_code == 1 and "409 conflict" in busy.output and "in use by" in " ".join(busy.output.split())
+    bad = CliRunner().invoke(app, ["snapshots", "rm", "Not A Ref"])  # refused at the edge, never reaches a backend
+    assert bad.exit_code == 1 and "400 invalid" in bad.output
+    res = CliRunner().invoke(app, ["snapshots", "rm", "corral-snapshot/st:c1-1", "corral-snapshot/st:gone"])
+    assert res.exit_code == 1 and "removed corral-snapshot/st:c1-1" in res.output
+    assert "no snapshot corral-snapshot/st:gone" in res.output
+    assert backend.removed == ["corral-snapshot/st:c1-1"]  # the reference arrived whole, '/' and ':' included
+    leftovers["backend"] = Leftovers(kube=True)  # Kubernetes: every snapshot route is not_supported
+    for args in (["snapshots", "ls"], ["snapshots", "rm", "corral-snapshot/st:c1-1"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 1 and "not_supported" in res.output and "Docker" in res.output, args
