@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the test tiers need beyond scripts/setup.sh, built once and cached like the rest ($CORRAL_CACHE):
 #   - the kube and engine tiers: kube-apiserver & co, etcd, kwok, helm, the Pulumi Kubernetes provider (plugin
-#     installed where the CLI finds it without downloading);
+#     installed where the CLI finds it without downloading), pulumi-language-yaml (a YAML program on the components);
 #   - the cluster tier: kubelet, kubeadm, kube-proxy, kind, crictl, CoreDNS, kube-router and the offline kind
 #     node image (scripts/kind-node.sh), the Kubernetes controller image (scripts/controller-image.sh).
 # scripts/test.sh runs it. Cold, on 2 cores, about 35 minutes (28 of them Go builds); warm, seconds (a saved node

@@ -2,7 +2,7 @@
 # Builds the test bed's Go binaries from the Go module proxy with the ordinary `go` client, into
 # $CORRAL_CACHE/bin/<tool>-<version>/. A tool whose binaries exist is skipped (cache hit). Never writes to the repo.
 #
-#   scripts/toolchain.sh [etcd|kwok|kube|helm|pulumi|k8s-provider|all]...     (default: all)
+#   scripts/toolchain.sh [etcd|kwok|kube|helm|pulumi|yaml|k8s-provider|all]...     (default: all)
 #   scripts/toolchain.sh [kube-node|kind|crictl|coredns|kube-router|kind-all]  (the cluster tier's kind node)
 #
 # Why wrappers: `go install m@v` refuses modules with replace directives (golang/go#44840), which pulumi, k8s and
@@ -150,6 +150,19 @@ build_pulumi() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
+# pulumi-language-yaml, the language host of `runtime: yaml` programs: how a platform team reuses the component
+# provider without Python (the engine tier runs examples/yaml with it). Its module has no replace directives, so a
+# plain `go install` builds it.
+build_yaml() {
+  local out; out="$(tool_dir pulumi-language-yaml "$PULUMI_YAML_VERSION")"
+  [[ -x "$out/pulumi-language-yaml" ]] && { log "pulumi-language-yaml $PULUMI_YAML_VERSION: cached"; return; }
+  log "building pulumi-language-yaml $PULUMI_YAML_VERSION"
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=v$PULUMI_YAML_VERSION" \
+    "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml@v$PULUMI_YAML_VERSION"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
 # pulumi-resource-kubernetes: its main package embeds two generated files that are not in the module zip, so the
 # module is copied to a writable folder, the files are generated from the committed schema, and the wrapper
 # replaces the module with that folder.
@@ -254,14 +267,14 @@ build_kube_router() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
-targets=("$@"); [[ ${#targets[@]} -eq 0 || "${targets[0]}" == all ]] && targets=(etcd kwok kube helm pulumi k8s-provider)
+targets=("$@"); [[ ${#targets[@]} -eq 0 || "${targets[0]}" == all ]] && targets=(etcd kwok kube helm pulumi yaml k8s-provider)
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) timed build_etcd ;; kwok) timed build_kwok ;; kube) timed build_kube ;; helm) timed build_helm ;;
-    pulumi) timed build_pulumi ;; k8s-provider) timed build_k8s_provider ;; kube-node) timed build_kube_node ;;
+    pulumi) timed build_pulumi ;; yaml) timed build_yaml ;; k8s-provider) timed build_k8s_provider ;; kube-node) timed build_kube_node ;;
     kind) timed build_kind ;; crictl) timed build_crictl ;; coredns) timed build_coredns ;;
     kube-router) timed build_kube_router ;;
     kind-all) timed build_kube_node; timed build_kind; timed build_crictl; timed build_coredns; timed build_kube_router ;;
-    *) die "unknown target '$t' (etcd, kwok, kube, helm, pulumi, k8s-provider, all; for the kind node: kube-node, kind, crictl, coredns, kube-router, kind-all)" ;;
+    *) die "unknown target '$t' (etcd, kwok, kube, helm, pulumi, yaml, k8s-provider, all; for the kind node: kube-node, kind, crictl, coredns, kube-router, kind-all)" ;;
   esac
 done

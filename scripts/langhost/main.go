@@ -11,6 +11,13 @@
 //
 // Python is chosen as: the `virtualenv` runtime option of Pulumi.yaml (relative to the project root), else
 // $PULUMI_PYTHON_CMD, else `python3` on PATH (an activated venv wins).
+//
+// Flags are upstream's, so every engine can start it: -tracing, -use-executor (the exec script to run instead of
+// the one next to this binary), and -virtualenv, -root, -typechecker, -toolchain, which engines built on older SDKs
+// (pulumi-language-yaml v1.25.0's plugin host among them) pass as `-<option>=<value>` for each runtime option of a
+// plugin's PulumiPlugin.yaml. Upstream now reads the options from each request only; here -virtualenv (relative to
+// -root) is also used when a request carries no `virtualenv` option. -typechecker and -toolchain are accepted and
+// ignored: no type checking, and dependencies come from scripts/setup.sh.
 package main
 
 import (
@@ -39,8 +46,18 @@ import (
 
 func main() {
 	flag.String("tracing", "", "ignored: tracing endpoint")
-	flag.String("root", "", "ignored: project root")
+	virtualenv := flag.String("virtualenv", "", "virtual environment to use when a request names none (relative to -root)")
+	root := flag.String("root", "", "project root the -virtualenv path is relative to")
+	flag.String("typechecker", "", "ignored: no type checking")
+	flag.String("toolchain", "pip", "ignored: dependencies are installed by scripts/setup.sh")
+	useExecutor := flag.String("use-executor", "", "the exec script to run instead of the one next to this binary")
 	flag.Parse()
+	if *virtualenv != "" {
+		defaultVenv = *virtualenv
+		if !filepath.IsAbs(defaultVenv) {
+			defaultVenv = filepath.Join(*root, defaultVenv)
+		}
+	}
 	engine := ""
 	if flag.NArg() > 0 {
 		engine = flag.Arg(0)
@@ -50,6 +67,9 @@ func main() {
 		fail(err)
 	}
 	execScript := filepath.Join(filepath.Dir(self), "pulumi-language-python-exec")
+	if *useExecutor != "" {
+		execScript = *useExecutor
+	}
 	if _, err := os.Stat(execScript); err != nil {
 		fail(fmt.Errorf("%s is missing; rebuild with scripts/toolchain.sh pulumi", execScript))
 	}
@@ -120,6 +140,9 @@ func (h *languageHost) InstallDependencies(req *pulumirpc.InstallDependenciesReq
 	return srv.Send(&pulumirpc.InstallDependenciesResponse{Stdout: []byte(msg)})
 }
 
+// defaultVenv is the -virtualenv flag made absolute ("" without one).
+var defaultVenv string
+
 // python picks the interpreter for a program (see the package comment).
 func python(info *pulumirpc.ProgramInfo) string {
 	if info != nil && info.GetOptions() != nil {
@@ -130,6 +153,9 @@ func python(info *pulumirpc.ProgramInfo) string {
 			}
 			return filepath.Join(venv, "bin", "python")
 		}
+	}
+	if defaultVenv != "" {
+		return filepath.Join(defaultVenv, "bin", "python")
 	}
 	if cmd := os.Getenv("PULUMI_PYTHON_CMD"); cmd != "" {
 		return cmd
