@@ -1,4 +1,8 @@
-"""Wire models of the claims API (camelCase on the wire, like the resource model)."""
+"""Wire models of the claims HTTP API (camelCase on the wire, like the resource model).
+
+One module for both ends: the server (corral.operator.claimsapi) serves these and the SDK (corral.client) reads
+them, so the SDK never imports the operator. Like the rest of corral.api it imports no other Corral package.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from corral.api.common import (
+from .common import (
     DNS_LABEL, DNS_SUBDOMAIN, ENV_NAME, EXECD_ENV_PREFIX, MAX_ENV_NAME, MAX_ENV_VALUE, MAX_ENV_VARS, NO_NUL,
     env_var_problem,
 )

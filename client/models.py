@@ -1,4 +1,4 @@
-"""What the client returns. The claims API's types are the server's own models (corral.operator.claimsapi.models), read
+"""What the client returns. The claims API's types are the wire models the server uses too (corral.api.wire), read
 leniently (a newer server may add fields); execd's answers are parsed into small models of their own."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from corral.operator.claimsapi import models as wire
+from corral.api import wire
 
 ClaimRequest = wire.ClaimRequest
 

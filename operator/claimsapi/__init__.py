@@ -5,11 +5,12 @@
 before any body is read; every error is `{"code", "message"}` with a 4xx/5xx status.
 """
 
-from .backend import BackendError, ClaimsBackend, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
-from .models import (
+from corral.api.wire import (
     Claim, ClaimList, ClaimRequest, Error, PoolList, PoolStatus, RenewRequest, RetainedSandbox, RetainedSandboxList,
     Snapshot, SnapshotList, SnapshotRequest,
 )
+
+from .backend import BackendError, ClaimsBackend, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
 
 __all__ = [
     "create_app", "ClaimsBackend", "ExecdTarget", "BackendError", "NotFound", "Conflict", "Invalid", "Unavailable",

@@ -43,13 +43,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.common import DNS_SUBDOMAIN
-from corral.execd.wsrelay import relay
-
-from .backend import BackendError, ClaimsBackend
-from .models import (
+from corral.api.wire import (
     IMAGE_REF, NAME_MAX, Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, RetainedSandboxList, Snapshot,
     SnapshotList, SnapshotRequest,
 )
+from corral.execd.wsrelay import relay
+
+from .backend import BackendError, ClaimsBackend
 
 log = logging.getLogger("corral.operator.claimsapi")
 

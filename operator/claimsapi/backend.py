@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .models import Claim, ClaimRequest, PoolStatus, RetainedSandbox, Snapshot, SnapshotRequest
+from corral.api.wire import Claim, ClaimRequest, PoolStatus, RetainedSandbox, Snapshot, SnapshotRequest
 
 
 class BackendError(Exception):

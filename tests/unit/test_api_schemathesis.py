@@ -22,7 +22,7 @@ from corral.operator.claimsapi import (
     Claim, ClaimRequest, Conflict, ExecdTarget, NotFound, PoolStatus, RetainedSandbox, Snapshot, SnapshotRequest,
     create_app,
 )
-from corral.operator.claimsapi.models import SandboxRef
+from corral.api.wire import SandboxRef
 from corral.operator.claimsapi.openapi import DOCUMENT
 
 TOKEN = "t0ken"
