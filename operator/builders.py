@@ -14,8 +14,8 @@ from corral.execd.inject import k8s_init_container, k8s_token_volume, wrap_entry
 from corral.execd.wire import HEALTH_PATH
 
 from .constants import (
-    API_VERSION, L_CLAIM, L_COMPONENT, L_HASH, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX,
-    L_TEMPLATE, MANAGED_BY, OPERATOR_APP_LABEL,
+    A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_CLAIM, L_COMPONENT, L_HASH, L_MANAGED_BY, L_POOL,
+    L_POOL_KIND, L_RETAINED, L_SANDBOX, L_TEMPLATE, MANAGED_BY, OPERATOR_APP_LABEL,
 )
 
 PRIVATE_V4 = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"]
@@ -61,6 +61,28 @@ def sandbox_labels(template: str, pool: str | None = None, pool_kind: str | None
     if bp_hash:
         labels[L_HASH] = bp_hash
     return labels
+
+
+def retain_patch(claim: str, pool: str | None, at: str) -> dict[str, Any]:
+    """The merge patch that detaches a sandbox from its ended claim (shutdownPolicy Retain): no owner (nothing
+    garbage-collects it), no claim or pool labels (no pool counts it, no claim finds it), and marked retained, with
+    the claim, its pool and the time it ended, so the claims API can list it and delete it."""
+    annotations = {A_RETAINED_FROM: claim, A_RETAINED_AT: at}
+    if pool:
+        annotations[A_RETAINED_POOL] = pool
+    return {"metadata": {"ownerReferences": [], "annotations": annotations,
+                         "labels": {L_CLAIM: None, L_POOL: None, L_POOL_KIND: None, L_RETAINED: "true"}}}
+
+
+def is_retained(body: dict[str, Any]) -> bool:
+    """A Sandbox kept after its claim ended: marked by retain_patch, or (retained before the mark existed) one the
+    operator made that has no owner, no pool and no claim, which only the Retain path leaves."""
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(L_RETAINED) == "true":
+        return True
+    return labels.get(L_MANAGED_BY) == MANAGED_BY and not meta.get("ownerReferences") \
+        and not labels.get(L_POOL) and not labels.get(L_CLAIM)
 
 
 def sandbox_manifest(

@@ -14,7 +14,11 @@ operator must watch that namespace (it watches all by default).
                 ttlSecondsAfterFinished=0, so the operator detaches the sandbox, then deletes the claim. The call
                 returns once the claim is gone (or after a short grace).
     renew    -> spec.lifecycle.shutdownTime = now + ttl (the operator re-arms its timer).
-    pause / resume / snapshot -> 400 `not_supported` (see NOT_SUPPORTED below).
+    pause / resume / snapshot -> 400 `not_supported` (see NOT_SUPPORTED below); so do listing and removing
+                snapshots: every snapshot route answers the same (there is nothing to list, and saying so beats an
+                empty list that suggests snapshots exist elsewhere in this mode).
+    retained -> Sandboxes kept after their claim ended (builders.is_retained: marked by the operator's Retain path),
+                from the index; delete removes one such Sandbox (its pod and PVCs go with it), nothing else.
     execd    -> the bound sandbox's pod IP, its execd port and the HMAC token the operator derives for it.
 
 The HTTP server around it, in the operator's event loop, is kube_server.py.
@@ -34,13 +38,13 @@ from typing import Any, TypeVar
 
 from lightkube import ApiError
 
-from ..builders import execd_token
+from ..builders import execd_token, is_retained
 from ..cache import member_of
-from ..constants import API_VERSION, L_POOL
+from ..constants import A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_POOL, L_TEMPLATE
 from ..kube import RESOURCES, status_code
 from ..planning import Member
 from .backend import BackendError, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
-from .models import Claim, ClaimRequest, PoolStatus, SandboxRef, Snapshot, SnapshotRequest
+from .models import Claim, ClaimRequest, PoolStatus, RetainedSandbox, SandboxRef, Snapshot, SnapshotRequest
 
 log = logging.getLogger("corral.operator.claimsapi")
 
@@ -398,3 +402,41 @@ class KubeBackend:
                                       .get("name", ""), desired=desired, ready=sum(1 for m in idle if m.ready),
                                       idle=len(idle), allocated=allocated))
         return sorted(out, key=lambda p: (p.name, p.kind))
+
+    # --- what outlives a claim -------------------------------------------------------------------------------------
+    @staticmethod
+    def _retained(body: dict[str, Any]) -> RetainedSandbox:
+        meta, st = body["metadata"], body.get("status") or {}
+        notes, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+        return RetainedSandbox(
+            name=meta["name"], template=labels.get(L_TEMPLATE, ""), pool=notes.get(A_RETAINED_POOL),
+            claim=notes.get(A_RETAINED_FROM), retained_at=_ts(notes.get(A_RETAINED_AT)),
+            created=_ts(meta.get("creationTimestamp")),
+            state="Deleting" if meta.get("deletionTimestamp") else st.get("phase") or "Pending",
+            ready=member_of(body).ready)
+
+    @active_replica
+    async def list_retained(self) -> list[RetainedSandbox]:
+        found = [self._retained(b) for b in await self._list("Sandbox") if is_retained(b)]
+        return sorted(found, key=lambda r: (r.retained_at or r.created or datetime.min.replace(tzinfo=timezone.utc),
+                                            r.name))
+
+    @active_replica
+    async def delete_retained(self, name: str) -> None:
+        body = await self._get("Sandbox", name)
+        if body is None or not is_retained(body):
+            raise NotFound(f"no retained sandbox named {name!r} in namespace {self.ns}")
+        try:  # only that object: a Sandbox of the same name made meanwhile is not retained
+            await self.ctx.kube.delete("Sandbox", name, self.ns, uid=body["metadata"]["uid"])
+        except ApiError as exc:
+            if status_code(exc) in (404, 409):
+                return
+            raise _api_error(exc, f"deleting sandbox {name}") from None
+
+    @active_replica
+    async def list_snapshots(self) -> list[Snapshot]:
+        raise NotSupported(NOT_SUPPORTED["snapshot"])
+
+    @active_replica
+    async def delete_snapshot(self, ref: str) -> None:
+        raise NotSupported(NOT_SUPPORTED["snapshot"])

@@ -30,6 +30,7 @@ from . import engine
 from .metrics import CLAIM_SECONDS, CLAIMS, DOCKER_CALLS
 from .pools import PoolsMixin
 from .recovery import RecoveryMixin
+from .retained import RetainedMixin
 from .spec import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, PoolSpec
 from .store import ClaimRow, SandboxRow, Store, now
 from .tokens import execd_token
@@ -51,7 +52,7 @@ class Settings:
     threads: int = 48
 
 
-class DockerRuntime(PoolsMixin, RecoveryMixin):
+class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
     def __init__(self, settings: Settings, desired: DesiredState, store: Store, client: Any):
         self.s, self.desired, self.store, self.client = settings, desired, store, client
         self.secret = bytes.fromhex(store.meta("token-secret", lambda: secrets.token_hex(32)))
@@ -296,7 +297,8 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         if row is None:
             return
         if claim.shutdown_policy == "Retain":
-            await self.run(self.store.update_sandbox, name, state="retained", claim=None, pool=None)
+            await self.run(self.store.update_sandbox, name, state="retained", claim=None, pool=None,
+                           retained_from=claim.name, retained_pool=row.pool, retained_at=now())
             return
         found = self.desired.pool(row.pool) if row.pool else None
         spec = found[1] if found else None
@@ -379,8 +381,8 @@ class DockerRuntime(PoolsMixin, RecoveryMixin):
         tmpl = self.desired.template(row.template)
         tag = req.tag or f"{name}-{int(time.time())}"
         out = await self.run(engine.commit, self.client, row.name, stack=self.s.stack, tag=tag, env=tmpl.env,
-                             labels={"corral.dev/snapshot-of": name}, op="commit")
-        return Snapshot(claim=name, image=out["image"], id=out["id"])
+                             labels={engine.L_SNAPSHOT_OF: name}, op="commit")
+        return Snapshot.model_validate(out)
 
     async def execd_target(self, name: str) -> ExecdTarget:
         c, row = await self._ready_sandbox(name)

@@ -17,9 +17,9 @@ import httpx
 from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec, validate
 
 from .. import metrics
-from ..builders import execd_token, owner_ref, sandbox_labels, sandbox_manifest
+from ..builders import execd_token, owner_ref, retain_patch, sandbox_labels, sandbox_manifest
 from ..cache import _ts
-from ..constants import A_LAUNCH, L_CLAIM, L_POOL, L_POOL_KIND
+from ..constants import A_LAUNCH, L_CLAIM
 from ..context import Context
 from ..kube import ignore, status_code
 from ..planning import Member, adoption_candidates
@@ -348,8 +348,8 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
         ctx.request_at("SandboxClaim", ns, name, shutdown)
         return
     if policy == "Retain":
-        await ignore({404}, ctx.kube.patch("Sandbox", sandbox.name, ns, {"metadata": {
-            "ownerReferences": [], "labels": {L_CLAIM: None, L_POOL: None, L_POOL_KIND: None}}}))
+        patch = retain_patch(name, spec.pool_ref.name, now_iso())
+        await ignore({404}, ctx.kube.patch("Sandbox", sandbox.name, ns, patch))
         await finish(ctx, body, "Finished", "ShutdownTime", f"shutdownTime reached; sandbox {sandbox.name} retained")
     elif policy == "DeleteForeground":
         if not sandbox.deleting:

@@ -224,6 +224,45 @@ def test_pool_claims_are_recycled_and_retain_keeps_the_sandbox(kube, operator, a
     assert sandbox_or_none(kube, api_ns, kept) is not None, "Retain: the sandbox outlives the claim"
 
 
+def test_retained_sandboxes_are_listed_and_deleted_through_the_api(kube, operator, api_ns, http, uid):
+    """A Retain claim ended through the API leaves its Sandbox marked retained (label, and the claim, pool and time as
+    annotations): GET /v1/retained lists it from the operator's index, DELETE removes that Sandbox and nothing else
+    (a pool's sandbox is a 404 here). Snapshots are Docker-only: their routes answer not_supported."""
+    kube.create(template(f"py-{uid}"), namespace=api_ns)
+    kube.create(warm_pool(f"wp-{uid}", f"py-{uid}", 1), namespace=api_ns)
+    wait_ready_pool(kube, api_ns, f"wp-{uid}", 1)
+    r = http.post("/v1/claims", json={"pool": f"wp-{uid}", "name": f"keep-{uid}", "shutdownPolicy": "Retain"})
+    assert r.status_code == 201, r.text
+    kept = r.json()["sandbox"]["name"]
+
+    def retained() -> dict[str, dict]:
+        listed = http.get("/v1/retained")
+        assert listed.status_code == 200, listed.text
+        return {x["name"]: x for x in listed.json()["items"]}
+
+    assert kept not in retained()  # claimed: not retained
+    assert http.delete(f"/v1/claims/keep-{uid}").status_code == 204
+    entry = wait_until(lambda: retained().get(kept), 30, 0.25, f"{kept} listed as retained")
+    assert (entry["claim"], entry["pool"], entry["template"]) == (f"keep-{uid}", f"wp-{uid}", f"py-{uid}")
+    assert entry["retainedAt"] and entry["created"] and entry["state"] and entry["ready"] is True, entry
+    meta = sandbox_or_none(kube, api_ns, kept).metadata
+    assert meta.labels["corral.dev/retained"] == "true" and meta.annotations["corral.dev/retained-from"] == f"keep-{uid}"
+
+    (member,) = wait_ready_pool(kube, api_ns, f"wp-{uid}", 1)  # the refill: a pool's sandbox, never listed here
+    assert member.metadata.name not in retained()
+    is_error(http.delete(f"/v1/retained/{member.metadata.name}"), 404, "not_found")
+    is_error(http.delete(f"/v1/retained/no-such-{uid}"), 404, "not_found")
+    is_error(http.delete("/v1/retained/Not_A_Name"), 400, "invalid")
+    for method, path in (("GET", "/v1/snapshots"), ("DELETE", f"/v1/snapshots/corral-snapshot/x:{uid}")):
+        assert "Docker" in is_error(http.request(method, path), 400, "not_supported")["message"]
+
+    assert http.delete(f"/v1/retained/{kept}").status_code == 204
+    wait_until(lambda: sandbox_or_none(kube, api_ns, kept) is None, 30, 0.25, f"{kept} deleted")
+    assert kept not in retained()
+    is_error(http.delete(f"/v1/retained/{kept}"), 404, "not_found")
+    assert sandbox_or_none(kube, api_ns, member.metadata.name) is not None
+
+
 def test_a_pending_claim_is_waited_for_on_watch_events_not_by_polling(kube, operator, api_ns, http, uid):
     stuck = template(f"stuck-{uid}")
     stuck.spec["podTemplate"]["spec"]["nodeSelector"] = {"corral.dev/test-no-such-node": "true"}  # never scheduled

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from corral.operator.claimsapi.backend import Unavailable
+from corral.operator.claimsapi.backend import NotFound, Unavailable
 from corral.operator.claimsapi.kube_backend import KubeBackend, NotSupported
 from corral.operator.claimsapi.kube_server import ApiSettings
 from corral.operator.cache import Cache
@@ -89,6 +89,54 @@ def test_docker_only_operations_are_refused_clearly():
         assert err.value.status == 400 and err.value.code == "not_supported" and "Docker" in err.value.message
     with pytest.raises(NotSupported):
         asyncio.run(b.create_claim(ClaimRequest(pool="p", snapshot="img:tag")))
+    for call in (b.list_snapshots(), b.delete_snapshot("corral-snapshot/x:1")):  # every snapshot route alike
+        with pytest.raises(NotSupported) as err:
+            asyncio.run(call)
+        assert err.value.code == "not_supported" and "Docker" in err.value.message
+
+
+def sandbox_body(name, labels, annotations=None, owners=(), phase="Running", ready=True):
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "labels": labels,
+                         "annotations": annotations or {}, "ownerReferences": list(owners),
+                         "creationTimestamp": "2026-01-02T03:00:00Z"},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_retained_sandboxes_are_the_marked_ones_and_only_those_are_deleted():
+    """The operator's Retain path marks the sandbox (builders.retain_patch); the API lists those (and unmarked ones
+    retained before the mark existed: operator-made, no owner, pool or claim) and deletes nothing else."""
+    from corral.operator.builders import is_retained, retain_patch
+
+    patch = retain_patch("c1", "python", "2026-01-02T04:00:00Z")
+    meta = patch["metadata"]
+    assert meta["ownerReferences"] == [] and meta["labels"]["corral.dev/retained"] == "true"
+    assert meta["labels"]["corral.dev/claim"] is None and meta["labels"]["corral.dev/pool"] is None
+    managed = {"app.kubernetes.io/managed-by": "corral-operator", "corral.dev/template": "python"}
+    marked = sandbox_body("kept", {**managed, **meta["labels"]}, meta["annotations"])
+    legacy = sandbox_body("old", managed, phase="Pending", ready=False)
+    member = sandbox_body("idle", {**managed, "corral.dev/pool": "python"}, owners=[{"uid": "wp"}])
+    bound = sandbox_body("bound", {**managed, "corral.dev/claim": "c2"}, owners=[{"uid": "c2"}])
+    foreign = sandbox_body("mine", {"corral.dev/template": "python"})  # made by hand, not by the operator
+    assert [is_retained(b) for b in (marked, legacy, member, bound, foreign)] == [True, True, False, False, False]
+
+    deleted = []
+
+    async def delete(kind, name, ns, *, uid=None, **_):
+        deleted.append((kind, name, ns, uid))
+
+    b = backend()
+    b.ctx.kube = SimpleNamespace(delete=delete)
+    b.ctx.cache._idx["sandboxes_idx"] = {("ns", x["metadata"]["name"]): [x]
+                                         for x in (marked, legacy, member, bound, foreign)}
+    listed = asyncio.run(b.list_retained())
+    assert [(r.name, r.claim, r.pool, r.template, r.state, r.ready) for r in listed] == [
+        ("old", None, None, "python", "Pending", False), ("kept", "c1", "python", "python", "Running", True)]
+    assert listed[1].retained_at.isoformat() == "2026-01-02T04:00:00+00:00"
+    for name in ("idle", "bound", "mine"):
+        with pytest.raises(NotFound):
+            asyncio.run(b.delete_retained(name))
+    asyncio.run(b.delete_retained("kept"))
+    assert deleted == [("Sandbox", "kept", "ns", "u-kept")]
 
 
 def test_manifest_keeps_the_claim_alive_longer_than_the_wait():
@@ -104,7 +152,7 @@ def test_a_standby_replica_refuses_with_503_and_says_why():
     b = backend([claim_body("Bound")])
     b.ctx.leadership.active, b.ctx.leadership.peering = False, "corral"
     for call in (b.get_claim("c"), b.list_claims(), b.create_claim(ClaimRequest(pool="p")), b.delete_claim("c"),
-                 b.list_pools(), b.execd_target("c")):
+                 b.list_pools(), b.execd_target("c"), b.list_retained(), b.delete_retained("s")):
         with pytest.raises(Unavailable) as err:
             asyncio.run(call)
         assert err.value.status == 503 and "standby" in err.value.message and "'corral'" in err.value.message
