@@ -347,7 +347,7 @@ class DockerStack(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: DockerStackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("corral:index:DockerStack", name, None, opts)
-        from corral.operator.docker.spec import DesiredState, PoolSpec, WarmPoolSpec, docker_template
+        from corral.operator.docker.desired import DesiredState, docker_template, pool, warm_pool
 
         child = pulumi.ResourceOptions(parent=self)
         stack, host = args.stack, args.host
@@ -356,8 +356,8 @@ class DockerStack(pulumi.ComponentResource):
             stack=stack,
             templates=[docker_template(t, spec, network=networks[t], internal=t in args.internal_networks)
                        for t, spec in args.templates.items()],
-            warm_pools=[WarmPoolSpec(**p) for p in args.warm_pools],
-            pools=[PoolSpec(**p) for p in args.pools],
+            warm_pools=[warm_pool(**p) for p in args.warm_pools],
+            pools=[pool(**p) for p in args.pools],
         )
         nets = [DockerNetwork(f"{name}-net-{t}", network=n, internal=t in args.internal_networks, stack=stack,
                               host=host, opts=child) for t, n in networks.items()]

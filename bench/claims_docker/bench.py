@@ -52,7 +52,8 @@ def free_port() -> int:
 class Operator:
     def __init__(self, warm_replicas: int):
         from corral.components import catalogue
-        from corral.operator.docker.spec import DesiredState, WarmPoolSpec, docker_template
+        from corral.operator.docker import desired as df
+        from corral.operator.docker.desired import DesiredState, docker_template
 
         self.stack = f"bench{secrets.token_hex(2)}"
         self.dir = Path(tempfile.mkdtemp(prefix="corral-bench-"))
@@ -60,8 +61,8 @@ class Operator:
                                network=f"corral-{self.stack}-{IMAGE_TEMPLATE}")
         self.template = tmpl
         desired = DesiredState(stack=self.stack, templates=[tmpl], warm_pools=[
-            WarmPoolSpec(name="warm", template=IMAGE_TEMPLATE, replicas=warm_replicas),
-            WarmPoolSpec(name="cold", template=IMAGE_TEMPLATE, replicas=0)])
+            df.warm_pool(name="warm", template=IMAGE_TEMPLATE, replicas=warm_replicas),
+            df.warm_pool(name="cold", template=IMAGE_TEMPLATE, replicas=0)])
         (self.dir / "pools.json").write_text(desired.dump())
         self.port, self.token = free_port(), secrets.token_hex(16)
         env = {**os.environ, "CORRAL_POOLS_FILE": str(self.dir / "pools.json"), "CORRAL_STATE_DIR": str(self.dir),
@@ -85,7 +86,8 @@ class Operator:
         import re
 
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        m = re.search(rf'corral_pool_sandboxes{{pool="{pool}",state="idle_ready"}} ([0-9.e+]+)', text)
+        m = re.search(rf'corral_pool_sandboxes{{namespace="{self.stack}",pool="{pool}",state="ready"}} ([0-9.e+]+)',
+                      text)
         return float(m.group(1)) if m else 0.0
 
     def wait_idle(self, pool: str, n: int, timeout: float = 600) -> None:

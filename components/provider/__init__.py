@@ -233,6 +233,8 @@ class DockerWarmPool(TypedDict):
     """Ready, unclaimed sandboxes to keep (0 to 1000)."""
     update_strategy: NotRequired[UpdateStrategy]
     """OnReplenish or Recreate: what happens to idle sandboxes when the template changes."""
+    readiness_grace_seconds: NotRequired[int]
+    """A sandbox unready for longer than this is replaced (10 to 86400; default 300, as a WarmPool's)."""
 
 
 class DockerPool(TypedDict):

@@ -66,8 +66,10 @@ def resource_launch_type(launch_type: str) -> str:
 
 
 def launch_label(launch_type: str | None) -> str:
-    """The `launch_type` label of a metric: warm, cold or none."""
-    return api_launch_type(launch_type) or NO_LAUNCH
+    """The `launch_type` label of a metric: warm, cold or none (also for a value that is neither: a metric must not
+    stop a reconcile)."""
+    lowered = (launch_type or "").lower()
+    return lowered if lowered in (API_WARM, API_COLD) else NO_LAUNCH
 
 
 # --- reasons: why a claim is bound, waits, fails or finishes (conditions, API messages, the outcome label) ---------

@@ -1,8 +1,10 @@
 """The pools file: the Docker runtime's desired state, written by the DockerStack component, read by the operator.
 
-Plain data only (pydantic, no corral.api import), so the operator image does not carry the Kubernetes model. The
-component converts each SandboxTemplate spec with `docker_template()`; the operator validates the file with
-`DesiredState`.
+Templates in their Docker form (`DockerTemplate`: what one sandbox container looks like, converted from a
+SandboxTemplate spec by `docker_template()`); warm pools and pools as the resource model's own `WarmPool` and `Pool`
+objects (corral.api, which the operator image bundles), so every rule of the core reads the same fields in both
+runtimes (readinessGraceSeconds, capacity and its defaults, update and recycle strategies). `warm_pool()` and
+`pool()` build them from the DockerStack's flat arguments. The operator validates the file with `DesiredState`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from corral.api import Pool, WarmPool
 
 DEFAULT_EXECD_PORT = 44772
 DEFAULT_USER = "1000:1000"      # non-root; numeric, so it works in images without a passwd entry
@@ -59,65 +63,77 @@ class DockerTemplate(_M):
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class WarmPoolSpec(_M):
-    name: str
-    template: str
-    replicas: int = Field(ge=0, le=1000)
-    update_strategy: Literal["OnReplenish", "Recreate"] = "OnReplenish"
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
 
 
-class PoolSpec(_M):
-    name: str
-    template: str
-    buffer_min: int = Field(default=0, ge=0)
-    buffer_max: int = Field(default=1, ge=0)
-    pool_min: int = Field(default=0, ge=0)
-    pool_max: int = Field(default=10, ge=0, le=1000)
-    recycle_strategy: Literal["Delete", "Restart", "Noop"] = "Delete"
-    max_unavailable: int = Field(default=1, ge=1)
+def warm_pool(name: str, template: str, replicas: int,
+              update_strategy: Literal["OnReplenish", "Recreate"] | None = None,
+              readiness_grace_seconds: int | None = None) -> WarmPool:
+    """A WarmPool of the pools file from the DockerStack's flat arguments; what is not given takes the resource
+    model's default (no defaults of our own)."""
+    spec = {"templateRef": {"name": template}, **_given(replicas=replicas, readinessGraceSeconds=readiness_grace_seconds)}
+    if update_strategy is not None:
+        spec["updateStrategy"] = {"type": update_strategy}
+    return WarmPool.model_validate({"metadata": {"name": name}, "spec": spec})
 
-    @model_validator(mode="after")
-    def _bounds(self) -> "PoolSpec":
-        if self.buffer_min > self.buffer_max or self.pool_min > self.pool_max:
-            raise ValueError(f"pool {self.name}: bufferMin <= bufferMax and poolMin <= poolMax are required")
-        return self
+
+def pool(name: str, template: str, buffer_min: int | None = None, buffer_max: int | None = None,
+         pool_min: int | None = None, pool_max: int | None = None,
+         recycle_strategy: Literal["Delete", "Restart", "Noop"] | None = None,
+         max_unavailable: int | None = None) -> Pool:
+    """A Pool of the pools file from the DockerStack's flat arguments; what is not given takes the resource model's
+    default (a Pool's bufferMin is 0 unless set)."""
+    return Pool.model_validate({"metadata": {"name": name}, "spec": {
+        "templateRef": {"name": template}, **_given(recycleStrategy=recycle_strategy, maxUnavailable=max_unavailable),
+        "capacity": _given(bufferMin=buffer_min, bufferMax=buffer_max, poolMin=pool_min, poolMax=pool_max)}})
+
+
+def name_of(p: WarmPool | Pool) -> str:
+    return p.metadata.name or ""
+
+
+def template_of(p: WarmPool | Pool) -> str:
+    return p.spec.template_ref.name
 
 
 class DesiredState(_M):
     """The whole pools file."""
 
-    version: Literal[1] = 1
+    version: Literal[2] = Field(default=2, description=(
+        "2: pools are corral.api WarmPool/Pool objects (1 had flat pool entries; DockerStack rewrites the file)."))
     stack: str = Field(description="Stack name; every Docker object carries corral.dev/stack=<stack>.")
     templates: list[DockerTemplate] = Field(default_factory=list)
-    warm_pools: list[WarmPoolSpec] = Field(default_factory=list)
-    pools: list[PoolSpec] = Field(default_factory=list)
+    warm_pools: list[WarmPool] = Field(default_factory=list)
+    pools: list[Pool] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _refs(self) -> "DesiredState":
         names = {t.name for t in self.templates}
         seen: set[str] = set()
         for p in [*self.warm_pools, *self.pools]:
-            if p.template not in names:
-                raise ValueError(f"pool {p.name}: unknown template {p.template!r}")
-            if p.name in seen:
-                raise ValueError(f"pool name {p.name!r} is used twice")
-            seen.add(p.name)
+            if not p.metadata.name:
+                raise ValueError(f"a {p.kind} of the pools file has no metadata.name")
+            if template_of(p) not in names:
+                raise ValueError(f"pool {name_of(p)}: unknown template {template_of(p)!r}")
+            if name_of(p) in seen:
+                raise ValueError(f"pool name {name_of(p)!r} is used twice")
+            seen.add(name_of(p))
         return self
 
     def template(self, name: str) -> DockerTemplate:
         return next(t for t in self.templates if t.name == name)
 
-    def pool(self, name: str) -> tuple[str, WarmPoolSpec | PoolSpec] | None:
-        for p in self.warm_pools:
-            if p.name == name:
-                return "WarmPool", p
-        for q in self.pools:
-            if q.name == name:
-                return "Pool", q
+    def pool(self, name: str) -> tuple[str, WarmPool | Pool] | None:
+        """The pool of that name, with its kind."""
+        for p in [*self.warm_pools, *self.pools]:
+            if name_of(p) == name:
+                return p.kind, p
         return None
 
     def dump(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2,
+                          sort_keys=True) + "\n"
 
 
 def load(path: str | Path) -> DesiredState:

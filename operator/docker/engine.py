@@ -24,7 +24,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 
 from corral.operator.constants import L_HASH, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE, MANAGED_BY
 
-from .spec import DEFAULT_DISK, DockerTemplate
+from .desired import DEFAULT_DISK, DockerTemplate
 
 log = logging.getLogger("corral.operator.docker")
 

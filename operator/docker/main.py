@@ -7,6 +7,7 @@ Configuration (env):
     CORRAL_API_TOKEN / CORRAL_API_TOKEN_FILE   bearer token of the claims API                  required
     CORRAL_API_HOST, CORRAL_API_PORT           listen address                          127.0.0.1, 7780
     CORRAL_EXECD_BUNDLE    execd bundle tar (default: built/cached by corral.execd.bundle)
+    CORRAL_MAX_BATCH       slow-start cap of pool creates and deletes (as on Kubernetes)       32
     CORRAL_LOG_LEVEL       info
     DOCKER_HOST            the engine (default: the local socket)
 SIGHUP reloads the pools file (the DockerStack component sends it after rewriting the file).
@@ -25,8 +26,10 @@ from pathlib import Path
 import uvicorn
 
 from corral.operator.claimsapi import create_app
+from corral.operator.planning import MAX_BATCH
 
-from . import engine, spec
+from . import desired as pools_file
+from . import engine
 from .runtime import DockerRuntime, Settings
 from .store import Store
 
@@ -55,16 +58,23 @@ def _execd_bundle() -> tuple[str, str]:
     return str(bundle.ensure_bundle()), bundle.cache_key()
 
 
+def _max_batch() -> int:
+    raw = os.environ.get("CORRAL_MAX_BATCH") or str(MAX_BATCH)
+    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+        sys.exit(f"corral operator: CORRAL_MAX_BATCH must be an integer in 1..500, not {raw!r}")
+    return int(raw)
+
+
 async def serve() -> None:
     logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    pools_file = _env("CORRAL_POOLS_FILE")
-    desired = spec.load(pools_file)
+    pools_file_path = _env("CORRAL_POOLS_FILE")
+    desired = pools_file.load(pools_file_path)
     stack = os.environ.get("CORRAL_STACK", desired.stack)
     state = Path(os.environ.get("CORRAL_STATE_DIR", "/var/lib/corral"))
     tar, key = _execd_bundle()
-    settings = Settings(stack=stack, execd_tar=tar, execd_key=key)
+    settings = Settings(stack=stack, execd_tar=tar, execd_key=key, max_batch=_max_batch())
     store = Store(state / "corral.db")
     client = engine.connect(os.environ.get("DOCKER_HOST"))
     runtime = DockerRuntime(settings, desired, store, client)
@@ -79,10 +89,10 @@ async def serve() -> None:
     def reload() -> None:
         async def go() -> None:
             try:
-                await runtime.reload(spec.load(pools_file))
+                await runtime.reload(pools_file.load(pools_file_path))
                 log.info("pools file reloaded")
             except Exception:  # noqa: BLE001 - a bad file keeps the old desired state
-                log.exception("pools file %s not reloaded", pools_file)
+                log.exception("pools file %s not reloaded", pools_file_path)
         runtime.spawn(go())
 
     loop.add_signal_handler(signal.SIGHUP, reload)

@@ -1,6 +1,7 @@
 """Pool workers of the Docker runtime: one per WarmPool/Pool, planning with corral.operator.planning and acting in
-slow-start batches (1, 2, 4, ... capped), re-planning after each batch; a failing batch backs off exponentially
-instead of storming. Sandbox start = container create + start + execd healthy."""
+slow-start batches (1, 2, 4, ... capped at CORRAL_MAX_BATCH, planning.SlowStart as on Kubernetes), re-planning after
+each batch; a failing batch backs off exponentially instead of storming. Sandbox start = container create + start +
+execd healthy."""
 
 from __future__ import annotations
 
@@ -12,14 +13,24 @@ import time
 import httpx
 
 from corral.operator.claimsapi.models import PoolStatus
-from corral.operator.planning import MAX_BATCH, plan_pool, plan_warm_pool
+from corral.api import Pool, WarmPool
+from corral.operator.core import lifecycle, metrics
+from corral.operator.planning import SlowStart, plan_pool, plan_warm_pool, pool_desired
 
 from . import engine
-from .metrics import POOL, RECONCILES, SANDBOX_START
-from .spec import DockerTemplate, PoolSpec, WarmPoolSpec
+from .metrics import RECONCILES, SANDBOX_START
+from .desired import DockerTemplate, name_of, template_of
 from .store import SandboxRow, now
 
 log = logging.getLogger("corral.operator.docker")
+
+
+def desired_size(spec: WarmPool | Pool, allocated: int) -> int:
+    """A pool's `desired` (the pool list, the desired gauge): a WarmPool's replicas, a Pool's total from the core."""
+    if isinstance(spec, WarmPool):
+        return spec.spec.replicas
+    cap = spec.spec.capacity
+    return pool_desired(buffer_min=cap.buffer_min, pool_min=cap.pool_min, pool_max=cap.pool_max, allocated=allocated)
 
 
 class PoolsMixin:
@@ -31,23 +42,23 @@ class PoolsMixin:
         idle = [r.member() for r in rows if r.claim is None and r.state in ("creating", "ready")]
         allocated = sum(1 for r in rows if r.claim is not None or r.state in ("releasing", "recycling"))
         terminating = sum(1 for r in rows if r.state == "deleting")
-        POOL.labels(pool, "idle_ready").set(sum(1 for m in idle if m.ready))
-        POOL.labels(pool, "idle_starting").set(sum(1 for m in idle if not m.ready))
-        POOL.labels(pool, "claimed").set(allocated)
+        metrics.pool_sandboxes(self.s.stack, pool, desired=desired_size(found[1], allocated) if found else 0,
+                               ready=sum(1 for m in idle if m.ready), idle=len(idle), allocated=allocated)
         RECONCILES.labels(pool).inc()
         if found is None:  # removed from the pools file: drain what is idle
             return plan_warm_pool(replicas=0, idle=idle, current_hash=None, strategy="OnReplenish",
-                                  expected_creates=0, now=now(), readiness_grace=self.s.readiness_grace), None
+                                  expected_creates=0, now=now(),
+                                  readiness_grace=lifecycle.DEFAULT_READINESS_GRACE), None
         kind, spec = found
-        tmpl = self.desired.template(spec.template)
-        if isinstance(spec, WarmPoolSpec):
-            plan = plan_warm_pool(replicas=spec.replicas, idle=idle, current_hash=tmpl.blueprint_hash(),
-                                  strategy=spec.update_strategy, expected_creates=0, now=now(),
-                                  readiness_grace=self.s.readiness_grace)
+        tmpl = self.desired.template(template_of(spec))
+        if isinstance(spec, WarmPool):
+            plan = plan_warm_pool(replicas=spec.spec.replicas, idle=idle, current_hash=tmpl.blueprint_hash(),
+                                  strategy=spec.spec.update_strategy.type, expected_creates=0, now=now(),
+                                  readiness_grace=lifecycle.readiness_grace(spec.spec))
         else:
-            assert isinstance(spec, PoolSpec)
-            plan = plan_pool(buffer_min=spec.buffer_min, buffer_max=spec.buffer_max, pool_min=spec.pool_min,
-                             pool_max=spec.pool_max, max_unavailable=spec.max_unavailable, idle=idle,
+            cap = spec.spec.capacity
+            plan = plan_pool(buffer_min=cap.buffer_min, buffer_max=cap.buffer_max, pool_min=cap.pool_min,
+                             pool_max=cap.pool_max, max_unavailable=spec.spec.max_unavailable, idle=idle,
                              allocated=allocated, terminating=terminating, expected_creates=0,
                              current_hash=tmpl.blueprint_hash())
         return plan, (kind, tmpl)
@@ -57,36 +68,32 @@ class PoolsMixin:
         rows = await self.run(self.store.sandboxes)
         out = []
         for spec in [*self.desired.warm_pools, *self.desired.pools]:
-            mine = [r for r in rows if r.pool == spec.name]
+            mine = [r for r in rows if r.pool == name_of(spec)]
             idle = [r for r in mine if r.claim is None and r.state in ("creating", "ready")]
             allocated = sum(1 for r in mine if r.claim is not None or r.state in ("releasing", "recycling"))
-            if isinstance(spec, WarmPoolSpec):
-                kind, desired = "WarmPool", spec.replicas
-            else:
-                kind = "Pool"
-                desired = max(spec.pool_min, min(spec.pool_max, allocated + spec.buffer_min))
-            out.append(PoolStatus(name=spec.name, kind=kind, template=spec.template, desired=desired,
+            out.append(PoolStatus(name=name_of(spec), kind=spec.kind, template=template_of(spec),
+                                  desired=desired_size(spec, allocated),
                                   ready=sum(1 for r in idle if r.state == "ready"), idle=len(idle),
                                   allocated=allocated))
         return out
 
     async def _pool_worker(self, pool: str) -> None:
         """One worker per pool: plan, act on one slow-start batch, re-plan; sleep until woken."""
-        ev, batch, failures = self._wake[pool], 1, 0
+        ev, pace, failures = self._wake[pool], SlowStart(self.s.max_batch), 0
         while True:
             await ev.wait()
             ev.clear()
             while True:
                 plan, target = await self.run(self._plan, pool)
                 if not plan.create and not plan.delete:
-                    batch = 1
+                    pace.reset()
                     break
-                for m in plan.delete[:max(batch, 1)]:
+                for m in plan.delete[:pace.take(len(plan.delete))]:
                     await self.run(self.store.update_sandbox, m.name, state="deleting")
                     self.spawn(self._delete_sandbox(m.name))
                 if plan.create and target:
                     kind, tmpl = target
-                    n = min(plan.create, batch, MAX_BATCH)
+                    n = pace.take(plan.create)
                     results = await asyncio.gather(*[self._create_idle(pool, kind, tmpl) for _ in range(n)],
                                                    return_exceptions=True)
                     errors = [r for r in results if isinstance(r, BaseException)]
@@ -95,11 +102,11 @@ class PoolsMixin:
                         delay = min(60.0, 2.0 ** failures)
                         log.warning("pool %s: %d of %d creates failed (%s); retrying in %.0f s", pool, len(errors),
                                     n, errors[0], delay)
-                        batch = 1
+                        pace.reset()
                         await asyncio.sleep(delay)
                         continue
                     failures = 0
-                batch = min(batch * 2, MAX_BATCH)
+                pace.grow()
 
     async def _create_idle(self, pool: str, kind: str, tmpl: DockerTemplate) -> None:
         row = SandboxRow(name=f"corral-{self.s.stack}-{pool}-{secrets.token_hex(3)}", template=tmpl.name,

@@ -9,6 +9,7 @@ import secrets
 import time
 
 from . import engine
+from .desired import template_of
 from .store import ClaimRow, SandboxRow, now
 
 log = logging.getLogger("corral.operator.docker")
@@ -105,7 +106,7 @@ class RecoveryMixin:
             self.spawn(self._fail(c.name, f"pool {c.pool} no longer exists"))
             return
         kind, spec = found
-        tmpl = self.desired.template(spec.template)
+        tmpl = self.desired.template(template_of(spec))
         row = SandboxRow(name=f"corral-{self.s.stack}-{c.pool}-{secrets.token_hex(3)}", template=tmpl.name,
                          state="creating", created=now(), pool=c.pool, pool_kind=kind, hash=tmpl.blueprint_hash(),
                          image=c.snapshot or tmpl.image, claim=c.name, launch_type="cold")

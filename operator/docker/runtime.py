@@ -24,14 +24,18 @@ from corral.operator.claimsapi import (
     Claim, ClaimRequest, Conflict, ExecdTarget, Invalid, NotFound, Snapshot, SnapshotRequest, Unavailable,
 )
 from corral.operator.claimsapi.models import SandboxRef
-from corral.operator.planning import Member, adoption_order
+from corral.api import Pool
+from corral.operator.core import lifecycle, metrics
+from corral.operator.core import vocabulary as vocab
+from corral.operator.core.admission import Refusal, admit_claim
+from corral.operator.planning import MAX_BATCH, Member, adoption_order
 
 from . import engine
-from .metrics import CLAIM_SECONDS, CLAIMS, DOCKER_CALLS
+from .desired import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, name_of, template_of
+from .metrics import DOCKER_CALLS
 from .pools import PoolsMixin
 from .recovery import RecoveryMixin
 from .retained import RetainedMixin
-from .spec import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, PoolSpec
 from .store import ClaimRow, SandboxRow, Store, now
 from .tokens import execd_token
 
@@ -45,11 +49,16 @@ class Settings:
     stack: str
     execd_tar: str
     execd_key: str
-    readiness_grace: float = 120.0      # an unready idle sandbox older than this is replaced
+    max_batch: int = MAX_BATCH          # slow-start cap of pool creates and deletes (CORRAL_MAX_BATCH)
     ready_timeout: float = 120.0        # container start -> execd healthy, at most
     max_cold_creates: int = 8           # concurrent cold starts for claims
     max_pool_creates: int = 4           # concurrent creates per pool batch (after slow start)
     threads: int = 48
+
+
+def admission(req: ClaimRequest, tmpl: DockerTemplate) -> Refusal | None:
+    """The core's claim admission for a claims API request and its Docker template (no volume claims on Docker)."""
+    return admit_claim(env=req.env, template_env=tmpl.env, env_policy=tmpl.env_policy)
 
 
 class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
@@ -148,7 +157,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         self.wake()
 
     def _start_workers(self) -> None:
-        names = {p.name for p in [*self.desired.warm_pools, *self.desired.pools]}
+        names = {name_of(p) for p in [*self.desired.warm_pools, *self.desired.pools]}
         names |= {r.pool for r in self.store.sandboxes() if r.pool}
         for name in names:
             if name not in self._workers or self._workers[name].done():
@@ -176,15 +185,16 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         if found is None:
             raise NotFound(f"no WarmPool or Pool named {req.pool!r}")
         kind, spec = found
-        tmpl = self.desired.template(spec.template)
-        if req.env and tmpl.env_policy == "Disallowed":
-            raise Invalid(f"template {tmpl.name!r} does not allow claim env (envVarsInjectionPolicy: Disallowed)")
+        tmpl = self.desired.template(template_of(spec))
+        if refusal := admission(req, tmpl):
+            metrics.claim_ended(req.pool, None, refusal.reason)
+            raise Invalid(f"template {tmpl.name!r} refuses the claim ({refusal.reason}): {refusal.message}")
         if req.snapshot and not await self.run(engine.image_exists, self.client, req.snapshot):
             raise Invalid(f"snapshot image {req.snapshot!r} does not exist")
         created = now()
         row = ClaimRow(name=req.name or f"claim-{secrets.token_hex(5)}", pool=req.pool, pool_kind=kind,
-                       phase="Pending", created=created, expires_at=created + req.ttl_seconds if req.ttl_seconds
-                       else None, shutdown_policy=req.shutdown_policy, env=dict(req.env), snapshot=req.snapshot)
+                       phase=vocab.PENDING, created=created, expires_at=lifecycle.lease_end(created, req.ttl_seconds),
+                       shutdown_policy=req.shutdown_policy, env=dict(req.env), snapshot=req.snapshot)
 
         def order(members: list[Member]) -> list[Member]:
             return adoption_order(members, tmpl.blueprint_hash(), set())
@@ -194,16 +204,16 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
                               state="creating", created=now(), pool=req.pool, pool_kind=kind,
                               hash=tmpl.blueprint_hash(), image=req.snapshot or tmpl.image)
 
-        limit = spec.pool_max if isinstance(spec, PoolSpec) else None
+        limit = spec.spec.capacity.pool_max if isinstance(spec, Pool) else None
         claim, sandbox, new = await self.run(self.store.adopt, row, order, cold, limit)
         if not new:
             return await self._wait(claim.name, req.timeout_seconds)
         if sandbox is None:
             await self.run(self.store.remove_claim, claim.name)  # not recorded: a later retry may fit
-            CLAIMS.labels("none", "full").inc()
+            metrics.claim_ended(req.pool, None, vocab.R_POOL_EXHAUSTED)
             raise Conflict(f"pool {req.pool!r} is at poolMax and has no idle sandbox")
         self.wake(req.pool)
-        if claim.launch_type == "warm":
+        if claim.launch_type == vocab.API_WARM:
             await self._warm_ready(claim, sandbox, t0)
             return self.to_api(claim)
         self._waiters.setdefault(claim.name, asyncio.Event())
@@ -231,8 +241,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
                 return
         claim.phase, claim.ready_at = "Ready", now()
         await self.run(self.store.update_claim, claim.name, phase="Ready", ready_at=claim.ready_at)
-        CLAIM_SECONDS.labels("warm").observe(time.monotonic() - t0)
-        CLAIMS.labels("warm", "ready").inc()
+        metrics.claim_bound(claim.pool, vocab.API_WARM, time.monotonic() - t0)
         self._arm_deadlines()
 
     def _port(self, sandbox: SandboxRow) -> int:
@@ -248,11 +257,10 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
             log.warning("claim %s: cold start failed: %s", claim, exc)
             await self.run(self.store.update_claim, claim, phase="Failed", sandbox=None,
                            message=f"cold start failed: {exc}")
-            CLAIMS.labels("cold", "failed").inc()
+            metrics.claim_ended(c.pool, vocab.API_COLD, vocab.R_START_FAILED)
         else:
             if await self.run(self.store.finish_cold, claim, sandbox.name, now()):
-                CLAIM_SECONDS.labels("cold").observe(time.monotonic() - t0)
-                CLAIMS.labels("cold", "ready").inc()
+                metrics.claim_bound(c.pool, vocab.API_COLD, time.monotonic() - t0)
             else:  # the claim ended while its sandbox was starting
                 await self._release_sandbox(sandbox.name, c)
         self._arm_deadlines()
@@ -289,7 +297,8 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
             row = await self.run(self.store.sandbox, sandbox)
             if row and row.state == "releasing":  # a cold start in flight releases its own sandbox when done
                 await self._release_sandbox(sandbox, c)
-        CLAIMS.labels(c.launch_type or "none", "expired" if expired else "released").inc()
+        if expired:
+            metrics.claim_ended(c.pool, c.launch_type, vocab.R_SHUTDOWN_TIME)
 
     async def _release_sandbox(self, name: str, claim: ClaimRow) -> None:
         """A claim ended: retain, recycle into its Pool (Restart/Noop), or delete the sandbox."""
@@ -302,11 +311,11 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
             return
         found = self.desired.pool(row.pool) if row.pool else None
         spec = found[1] if found else None
-        tmpl_hash = self.desired.template(spec.template).blueprint_hash() if spec else None
-        if isinstance(spec, PoolSpec) and spec.recycle_strategy != "Delete" and row.hash == tmpl_hash \
-                and row.image == self.desired.template(spec.template).image:
+        tmpl_hash = self.desired.template(template_of(spec)).blueprint_hash() if spec else None
+        if isinstance(spec, Pool) and spec.spec.recycle_strategy != "Delete" and row.hash == tmpl_hash \
+                and row.image == self.desired.template(template_of(spec)).image:
             try:
-                await self._recycle(row, spec.recycle_strategy, claim)
+                await self._recycle(row, spec.spec.recycle_strategy, claim)
                 self.wake(row.pool)
                 return
             except Exception as exc:  # noqa: BLE001 - fall back to delete
@@ -344,7 +353,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         c = await self._claim(name)
         if c.phase in ("Expired", "Failed"):
             raise Conflict(f"claim {name} is {c.phase}")
-        await self.run(self.store.update_claim, name, expires_at=now() + ttl_seconds)
+        await self.run(self.store.update_claim, name, expires_at=lifecycle.lease_end(now(), ttl_seconds))
         self._arm_deadlines()
         return self.to_api(await self._claim(name))
 
@@ -424,7 +433,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         while True:
             self._deadline.clear()
             claims = await self.run(self.store.claims, phases=("Pending", "Ready", "Paused"))
-            due = [c for c in claims if c.expires_at and c.expires_at <= now()]
+            due = [c for c in claims if lifecycle.due(c.expires_at, now())]
             for c in due:
                 try:
                     await self._end_claim(c, expired=True)

@@ -20,7 +20,7 @@ import pytest
 from corral.components.docker_stack import OperatorProvider
 from corral.operator.docker import engine
 from corral.operator.docker.image import ensure_image
-from corral.operator.docker.spec import PoolSpec
+from corral.operator.docker import desired as df
 
 from operator_harness import REPO, Operator, desired_state, free_port
 
@@ -60,8 +60,8 @@ class LocalStack:
 def start_stack(docker_client: Any, workdir: Path) -> LocalStack:
     image = ensure_image()
     stack = f"c{secrets.token_hex(3)}"
-    pools = [PoolSpec(name="shell", template="shell", buffer_min=1, buffer_max=2, pool_max=10),
-             PoolSpec(name="shell-noop", template="shell", buffer_min=1, buffer_max=2, pool_max=4,
+    pools = [df.pool(name="shell", template="shell", buffer_min=1, buffer_max=2, pool_max=10),
+             df.pool(name="shell-noop", template="shell", buffer_min=1, buffer_max=2, pool_max=4,
                       recycle_strategy="Noop")]
     op = Operator(client=docker_client, desired=desired_state(stack, warm={"python": 2}, pools=pools),
                   workdir=workdir / stack, port=free_port())

@@ -20,7 +20,9 @@ import pytest
 
 from corral.components import catalogue
 from corral.operator.docker import engine
-from corral.operator.docker.spec import DesiredState, PoolSpec, WarmPoolSpec, docker_template
+from corral.api import Pool
+from corral.operator.docker import desired as df
+from corral.operator.docker.desired import DesiredState, docker_template
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 120.0
@@ -32,7 +34,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def desired_state(stack: str, *, warm: dict[str, int] | None = None, pools: list[PoolSpec] | None = None,
+def desired_state(stack: str, *, warm: dict[str, int] | None = None, pools: list[Pool] | None = None,
                   internal: tuple[str, ...] = ()) -> DesiredState:
     templates = [
         docker_template(name, catalogue.render(name).to_k8s(), network=f"corral-{stack}-{name}",
@@ -41,7 +43,7 @@ def desired_state(stack: str, *, warm: dict[str, int] | None = None, pools: list
     ]
     return DesiredState(
         stack=stack, templates=templates,
-        warm_pools=[WarmPoolSpec(name=n, template=n.split("-")[0], replicas=r) for n, r in (warm or {}).items()],
+        warm_pools=[df.warm_pool(name=n, template=n.split("-")[0], replicas=r) for n, r in (warm or {}).items()],
         pools=pools or [],
     )
 
@@ -118,7 +120,8 @@ class Operator:
 
     def gauge(self, pool: str, state: str) -> float:
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        m = re.search(rf'corral_pool_sandboxes{{pool="{re.escape(pool)}",state="{state}"}} ([0-9.e+]+)', text)
+        m = re.search(rf'corral_pool_sandboxes{{namespace="{re.escape(self.stack)}",pool="{re.escape(pool)}",'
+                      rf'state="{state}"}} ([0-9.e+]+)', text)
         return float(m.group(1)) if m else 0.0
 
     def containers(self, **labels: str) -> list[Any]:
@@ -131,7 +134,8 @@ class Operator:
         that no claim holds)."""
         deadline = time.monotonic() + timeout
         while True:
-            ready, starting = self.gauge(pool, "idle_ready"), self.gauge(pool, "idle_starting")
+            ready = self.gauge(pool, "ready")
+            starting = self.gauge(pool, "idle") - ready
             if ready == n and starting == 0:
                 return
             assert time.monotonic() < deadline, f"pool {pool}: {ready} ready, {starting} starting, want {n}\n" \

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from corral.operator.docker.spec import PoolSpec, WarmPoolSpec
+from corral.operator.docker import desired as df
 
 pytestmark = pytest.mark.docker
 
@@ -165,7 +165,7 @@ def test_pause_keeps_memory_and_snapshot_starts_a_new_sandbox_with_the_file(make
         # (the operator reloads it on SIGHUP, as DockerStack makes it do).
         desired = op.desired.model_copy(deep=True)
         desired.templates.append(desired.template("python").model_copy(update={"name": "fromsnap", "image": image}))
-        desired.warm_pools.append(WarmPoolSpec(name="fromsnap", template="fromsnap", replicas=1))
+        desired.warm_pools.append(df.warm_pool(name="fromsnap", template="fromsnap", replicas=1))
         op.reload(desired)
         op.wait_idle("fromsnap", 1)
         pooled = http.post("/v1/claims", json={"pool": "fromsnap"}).json()
@@ -193,11 +193,11 @@ def test_ttl_expiry_and_renew(make_operator):
 
 
 def test_pool_recycles_by_strategy_and_respects_pool_max(make_operator):
-    pools = [PoolSpec(name="shell-noop", template="shell", buffer_min=1, buffer_max=1, pool_max=2,
+    pools = [df.pool(name="shell-noop", template="shell", buffer_min=1, buffer_max=1, pool_max=2,
                       recycle_strategy="Noop"),
-             PoolSpec(name="shell-restart", template="shell", buffer_min=1, buffer_max=1, pool_max=3,
+             df.pool(name="shell-restart", template="shell", buffer_min=1, buffer_max=1, pool_max=3,
                       recycle_strategy="Restart"),
-             PoolSpec(name="shell-delete", template="shell", buffer_min=1, buffer_max=1, pool_max=3)]
+             df.pool(name="shell-delete", template="shell", buffer_min=1, buffer_max=1, pool_max=3)]
     op = make_operator(pools=pools)
     for p in pools:
         op.wait_idle(p.name, 1)

@@ -12,7 +12,7 @@ import pytest
 
 from corral.operator.docker import engine
 from corral.operator.docker.tokens import execd_token
-from corral.operator.docker.spec import PoolSpec
+from corral.operator.docker import desired as df
 from corral.operator.docker.store import Store
 
 pytestmark = pytest.mark.docker
@@ -127,7 +127,7 @@ def test_token_in_no_readable_environ_nor_in_the_container_config(make_operator)
 
 @pytest.mark.parametrize("strategy", ["Noop", "Restart"])
 def test_recycled_sandbox_refuses_the_former_claims_token(make_operator, strategy):
-    pool = PoolSpec(name="shell-one", template="shell", buffer_min=1, buffer_max=1, pool_max=1,
+    pool = df.pool(name="shell-one", template="shell", buffer_min=1, buffer_max=1, pool_max=1,
                     recycle_strategy=strategy)
     op = make_operator(pools=[pool])
     op.wait_idle("shell-one", 1)

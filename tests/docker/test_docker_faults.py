@@ -260,7 +260,8 @@ def test_dockerd_restart_pool_converges_back(in_private_engine, private_engine, 
             filters={"label": [f"{engine.L_STACK}={op.stack}", "corral.dev/pool=shell"]})}
         everything = {c.name for c in op.containers(**{"corral.dev/pool": "shell"})}
         try:
-            gauges = (op.gauge("shell", "idle_ready"), op.gauge("shell", "idle_starting"))
+            ready = op.gauge("shell", "ready")
+            gauges = (ready, op.gauge("shell", "idle") - ready)
         except httpx.HTTPError:
             gauges = (-1, -1)
         if len(running) == 3 and everything == running and gauges == (3, 0) and not (running & before):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from corral.operator.docker import engine
-from corral.operator.docker.spec import DEFAULT_DISK
+from corral.operator.docker.desired import DEFAULT_DISK
 
 pytestmark = pytest.mark.docker
 

@@ -39,7 +39,7 @@ def free_port() -> int:
 
 def idle_ready(url: str, pool: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
-    m = re.search(rf'corral_pool_sandboxes{{pool="{pool}",state="idle_ready"}} ([0-9.e+]+)', text)
+    m = re.search(rf'corral_pool_sandboxes{{namespace="[^"]*",pool="{pool}",state="ready"}} ([0-9.e+]+)', text)
     return float(m.group(1)) if m else 0.0
 
 

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from corral.components import catalogue
-from corral.operator.docker.spec import DesiredState, PoolSpec, WarmPoolSpec, cpus, docker_template, memory_bytes
+from corral.operator.docker import desired as df
+from corral.operator.docker.desired import DesiredState, cpus, docker_template, memory_bytes
 from corral.operator.docker.store import ClaimRow, SandboxRow, Store, now
 from corral.operator.planning import adoption_order
 
@@ -120,11 +121,11 @@ def test_docker_template_from_the_catalogue():
 def test_desired_state_checks_references():
     t = docker_template("shell", catalogue.render("shell").to_k8s(), network="n")
     with pytest.raises(ValidationError, match="unknown template"):
-        DesiredState(stack="s", templates=[t], warm_pools=[WarmPoolSpec(name="a", template="nope", replicas=1)])
+        DesiredState(stack="s", templates=[t], warm_pools=[df.warm_pool(name="a", template="nope", replicas=1)])
     with pytest.raises(ValidationError, match="used twice"):
-        DesiredState(stack="s", templates=[t], warm_pools=[WarmPoolSpec(name="a", template="shell", replicas=1)],
-                     pools=[PoolSpec(name="a", template="shell")])
+        DesiredState(stack="s", templates=[t], warm_pools=[df.warm_pool(name="a", template="shell", replicas=1)],
+                     pools=[df.pool(name="a", template="shell")])
     with pytest.raises(ValidationError, match="bufferMin"):
-        PoolSpec(name="a", template="shell", buffer_min=3, buffer_max=1)
-    d = DesiredState(stack="s", templates=[t], warm_pools=[WarmPoolSpec(name="a", template="shell", replicas=1)])
+        df.pool(name="a", template="shell", buffer_min=3, buffer_max=1)
+    d = DesiredState(stack="s", templates=[t], warm_pools=[df.warm_pool(name="a", template="shell", replicas=1)])
     assert DesiredState.model_validate_json(d.dump()) == d

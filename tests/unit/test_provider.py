@@ -18,7 +18,7 @@ from corral.api import Capacity
 from corral.components import resources
 from corral.components import provider as P
 from corral.components.provider import describe
-from corral.operator.docker import spec as docker_spec
+from corral.operator.docker import desired as docker_desired
 from pulumi.provider.experimental.analyzer import is_input
 from pulumi.provider.experimental.util import camel_case
 
@@ -100,15 +100,20 @@ def test_outputs_and_descriptions_mirror_the_python_component(name):
 
 
 def test_nested_types_mirror_the_models():
-    pairs = [(P.Capacity, Capacity), (P.DockerWarmPool, docker_spec.WarmPoolSpec), (P.DockerPool, docker_spec.PoolSpec)]
-    for mirror, model in pairs:
-        fields = model.model_fields
-        assert list(mirror.__annotations__) == list(fields), mirror.__name__
-        assert set(mirror.__required_keys__) == {k for k, f in fields.items() if f.is_required()}, mirror.__name__
-        for key, f in fields.items():
-            if typing.get_origin(f.annotation) is typing.Literal:
+    fields = Capacity.model_fields
+    assert list(P.Capacity.__annotations__) == list(fields)
+    assert set(P.Capacity.__required_keys__) == {k for k, f in fields.items() if f.is_required()}
+    # The DockerStack's flat pools: the pools file builds corral.api WarmPool/Pool objects from these arguments.
+    for mirror, build in ((P.DockerWarmPool, docker_desired.warm_pool), (P.DockerPool, docker_desired.pool)):
+        params = inspect.signature(build).parameters
+        hints = typing.get_type_hints(build)
+        assert list(mirror.__annotations__) == list(params), mirror.__name__
+        assert set(mirror.__required_keys__) == {k for k, p in params.items() if p.default is p.empty}, mirror.__name__
+        for key in params:
+            literal = [a for a in typing.get_args(hints[key]) if typing.get_origin(a) is typing.Literal]
+            if literal:
                 ours = unwrapped(mirror.__annotations__[key])
-                assert [m.value for m in ours] == list(typing.get_args(f.annotation)), key
+                assert [m.value for m in ours] == list(typing.get_args(literal[0])), key
     assert docs(P.Capacity) == {k: f.description for k, f in Capacity.model_fields.items()}
     assert describe(P.Capacity.__doc__) == describe(Capacity.__doc__)
 
@@ -169,7 +174,8 @@ def test_construct_builds_the_python_component_from_schema_inputs():
     assert [r.typ for r in mocks.resources if r.typ.startswith("corral:index:")] == ["corral:index:Pool"]
     (cr,) = mocks.of_type("kubernetes:corral.dev/v1alpha1:Pool")
     assert cr.inputs["spec"] == {"templateRef": {"name": "python"}, "recycleStrategy": "Restart", "maxUnavailable": 2,
-                                 "capacity": {"bufferMin": 1, "bufferMax": 3, "poolMin": 0, "poolMax": 5}}
+                                 "capacity": {"bufferMin": 1, "bufferMax": 3, "poolMin": 0, "poolMax": 5},
+                                 "readinessGraceSeconds": 300}
     assert cr.inputs["metadata"]["namespace"] == "sbx"
     assert set(result.state) == {"name", "namespace", "status"}
     assert (value(result.state["name"]), value(result.state["namespace"])) == ("elastic", "sbx")

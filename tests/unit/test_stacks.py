@@ -128,7 +128,8 @@ def test_local_stack_program_builds():
     assert operator.inputs["image"].startswith("corral/operator:")
     (pools_file,) = [r for r in dynamic if r.name == "corral-pools-file"]
     desired = json.loads(pools_file.inputs["content"])
-    assert [(p["name"], p["replicas"]) for p in desired["warm_pools"]] == [("python", 2)]
+    assert [(p["kind"], p["metadata"]["name"], p["spec"]["replicas"]) for p in desired["warm_pools"]] == \
+        [("WarmPool", "python", 2)]  # the resource model's own objects (corral.api)
     assert [t["name"] for t in desired["templates"]] == [t.name for t in cfg.templates]
     assert all(t["user"] != "0:0" and t["pids_limit"] > 0 for t in desired["templates"])
 
