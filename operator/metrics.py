@@ -1,15 +1,13 @@
-"""Prometheus metrics of the operator."""
+"""Prometheus metrics of the Kubernetes operator.
 
-from prometheus_client import Counter, Gauge, Histogram
+The claim and pool metrics are the core's (corral.operator.core.metrics: the same names and labels as the Docker
+runtime's); the ones here are about the Kubernetes API and the reconcilers, and exist in this mode only.
+"""
 
-CLAIM_LATENCY = Histogram(
-    "corral_claim_latency_seconds", "Claim created -> Bound, by launch type and pool.",
-    ["launch_type", "pool"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-)
-CLAIMS = Counter("corral_claims_total", "Claims finished binding or failing, by outcome.", ["outcome", "pool"])
-POOL_REPLICAS = Gauge("corral_pool_sandboxes", "Sandboxes of a pool by state (desired/ready/idle/allocated).",
-                      ["namespace", "pool", "state"])
+from prometheus_client import Counter, Histogram
+
+from .core.metrics import CLAIM_LATENCY, CLAIMS, POOL_SANDBOXES  # noqa: F401 - one /metrics, one module to look in
+
 RECONCILES = Counter("corral_reconciles_total", "Reconciles run, by kind and result.", ["kind", "result"])
 API_REQUESTS = Counter("corral_api_requests_total", "Kubernetes API requests by verb and resource.",
                        ["verb", "resource"])

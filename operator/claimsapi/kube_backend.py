@@ -32,17 +32,22 @@ import functools
 import logging
 import math
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from lightkube import ApiError
 
+from corral.api import PoolSpec, WarmPoolSpec
+
 from ..builders import execd_token, is_retained
 from ..cache import member_of
+from ..core import lifecycle as deadlines
+from ..core import vocabulary as vocab
 from ..constants import A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_POOL, L_TEMPLATE
 from ..kube import RESOURCES, status_code
-from ..planning import Member
+from ..planning import Member, pool_desired
 from .backend import BackendError, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
 from .models import Claim, ClaimRequest, PoolStatus, RetainedSandbox, SandboxRef, Snapshot, SnapshotRequest
 
@@ -51,7 +56,7 @@ log = logging.getLogger("corral.operator.claimsapi")
 CLAIM_TIMEOUT_MIN = 300     # a claim's own timeoutSeconds (the CR's): at least this, whatever the request waits
 DELETE_GRACE = 30.0         # how long DELETE waits for the claim to disappear
 CREATED_BY = {"app.kubernetes.io/created-by": "corral-api"}
-USER_ERRORS = {"EnvVarsNotAllowed", "VolumesNotAllowed", "InvalidSpec", "InvalidTemplate"}
+USER_ERRORS = vocab.USER_ERRORS  # a Failed claim with one of these reasons answers 400, others 503
 NOT_SUPPORTED = {
     "pause": "pause/resume is Docker-only: it freezes the processes and keeps their memory. Kubernetes has no "
              "freezer for a pod; the nearest thing, a Sandbox's operatingMode Suspended, deletes the pod (processes, "
@@ -79,8 +84,22 @@ def _iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _lease_iso(end: float) -> str:
+    """A lease's end as shutdownTime: whole seconds, rounded up, so a lease is never shorter than asked."""
+    return _iso(datetime.fromtimestamp(math.ceil(end), timezone.utc))
+
+
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+def desired_size(kind: str, spec: dict[str, Any], allocated: int) -> int:
+    """A pool's `desired` in the pool list: from the spec validated by the resource model (its defaults, not
+    defaults of our own: a Pool's bufferMin is 0 unless set), sized by the core (planning.pool_desired)."""
+    if kind == "WarmPool":
+        return WarmPoolSpec.model_validate(spec).replicas
+    cap = PoolSpec.model_validate(spec).capacity
+    return pool_desired(buffer_min=cap.buffer_min, pool_min=cap.pool_min, pool_max=cap.pool_max, allocated=allocated)
 
 
 def _api_error(exc: ApiError, what: str) -> BackendError:
@@ -187,7 +206,7 @@ class KubeBackend:
     def to_api(self, body: dict[str, Any]) -> Claim:
         meta, spec, st = body["metadata"], body.get("spec") or {}, body.get("status") or {}
         lifecycle, ref = spec.get("lifecycle") or {}, spec.get("poolRef") or {}
-        phase = {"Bound": "Ready", "Failed": "Failed", "Finished": "Expired"}.get(st.get("phase") or "", "Pending")
+        phase: str = vocab.api_phase(st.get("phase"))
         message = None
         if phase in ("Failed", "Expired"):
             message = (_condition(st, "Failed") or _condition(st, "Bound")).get("message") or None
@@ -198,7 +217,7 @@ class KubeBackend:
             phase, message = "Pending", why  # bound, but its execd does not answer (the pod's readiness probe)
         return Claim(
             name=meta["name"], pool=ref.get("name", ""), pool_kind=ref.get("kind", "WarmPool"), phase=phase,
-            launch_type=(st.get("launchType") or "").lower() or None,
+            launch_type=vocab.api_launch_type(st.get("launchType")),
             sandbox=SandboxRef(name=sandbox, endpoint=f"/v1/claims/{meta['name']}/execd")
             if sandbox and st.get("phase") == "Bound" else None,
             created=_ts(meta.get("creationTimestamp")) or datetime.now(timezone.utc),
@@ -236,8 +255,8 @@ class KubeBackend:
 
     def _manifest(self, name: str, kind: str, req: ClaimRequest) -> dict[str, Any]:
         lifecycle: dict[str, Any] = {"shutdownPolicy": req.shutdown_policy}
-        if req.ttl_seconds:
-            lifecycle["shutdownTime"] = _iso(datetime.now(timezone.utc) + timedelta(seconds=req.ttl_seconds))
+        if end := deadlines.lease_end(time.time(), req.ttl_seconds):
+            lifecycle["shutdownTime"] = _lease_iso(end)
         spec: dict[str, Any] = {
             "poolRef": {"kind": kind, "name": req.pool}, "lifecycle": lifecycle,
             "timeoutSeconds": max(CLAIM_TIMEOUT_MIN, math.ceil(req.timeout_seconds)),
@@ -339,7 +358,7 @@ class KubeBackend:
         phase = (body.get("status") or {}).get("phase")
         if phase in ("Failed", "Finished"):
             raise Conflict(f"claim {name} is {self.to_api(body).phase}: it cannot be renewed")
-        until = _iso(datetime.now(timezone.utc) + timedelta(seconds=ttl_seconds))
+        until = _lease_iso(deadlines.lease_end(time.time(), ttl_seconds) or time.time())
         try:
             patched = await self.ctx.kube.patch("SandboxClaim", name, self.ns, {
                 "metadata": {"uid": body["metadata"]["uid"]}, "spec": {"lifecycle": {"shutdownTime": until}}})
@@ -392,12 +411,7 @@ class KubeBackend:
                 members = [m for m in await self._members(kind, meta["name"]) if not m.deleting]
                 idle = [m for m in members if not m.claim]
                 allocated = len(members) - len(idle)
-                if kind == "WarmPool":
-                    desired = int(spec.get("replicas", 1))
-                else:
-                    cap = spec.get("capacity") or {}
-                    desired = max(int(cap.get("poolMin", 0)),
-                                  min(int(cap.get("poolMax", 10)), allocated + int(cap.get("bufferMin", 1))))
+                desired = desired_size(kind, spec, allocated)
                 out.append(PoolStatus(name=meta["name"], kind=kind, template=(spec.get("templateRef") or {})
                                       .get("name", ""), desired=desired, ready=sum(1 for m in idle if m.ready),
                                       idle=len(idle), allocated=allocated))

@@ -16,11 +16,13 @@ import httpx
 
 from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec, validate
 
-from .. import metrics
 from ..builders import execd_token, owner_ref, retain_patch, sandbox_labels, sandbox_manifest
 from ..cache import _ts
 from ..constants import A_LAUNCH, L_CLAIM
 from ..context import Context
+from ..core import lifecycle, metrics
+from ..core import vocabulary as v
+from ..core.admission import Refusal, admit_claim, template_env_names
 from ..kube import ignore, status_code
 from ..planning import Member, adoption_candidates
 from .conditions import now_iso, set_condition
@@ -36,35 +38,27 @@ class ClaimError(Exception):
         self.reason = reason
 
 
-def env_problem(env: list[dict[str, str]], template: SandboxTemplateSpec) -> str | None:
-    if not env:
-        return None
-    policy = template.env_vars_injection_policy
-    if policy == "Disallowed":
-        return "the claim sets env but the template's envVarsInjectionPolicy is Disallowed"
-    if policy == "Allowed":
-        existing = {e.get("name") for c in template.pod_template.spec.get("containers", []) for e in c.get("env") or []}
-        clash = sorted(existing & {e["name"] for e in env})
-        if clash:
-            return (f"env {', '.join(clash)} would override the template's values; "
-                    "that needs envVarsInjectionPolicy: Overrides")
-    return None
+def admission(spec: SandboxClaimSpec, template: SandboxTemplateSpec) -> Refusal | None:
+    """The core's claim admission (env and volume policies) for a SandboxClaim and its template."""
+    return admit_claim(env=[e.name for e in spec.env], template_env=template_env_names(template.pod_template.spec),
+                       env_policy=template.env_vars_injection_policy, volumes=len(spec.volume_claim_templates),
+                       volume_policy=template.volume_claim_templates_policy)
 
 
 async def _status(ctx: Context, body: dict[str, Any], patch: dict[str, Any]) -> None:
     meta = body["metadata"]
     await ctx.kube.patch("SandboxClaim", meta["name"], meta["namespace"], {"status": patch}, status=True)
-    if patch.get("phase") in ("Bound", "Failed", "Finished"):
+    if patch.get("phase") in (v.BOUND, *v.FINAL_RESOURCE_PHASES):
         ctx.phase_written[(meta["namespace"], meta["name"])] = patch["phase"]
 
 
 async def finish(ctx: Context, body: dict[str, Any], phase: str, reason: str, message: str) -> None:
     meta, status = body["metadata"], body.get("status") or {}
     gen = meta.get("generation")
-    conditions = set_condition(status.get("conditions"), "Bound", False, reason, message, gen)
-    if phase == "Failed":
-        conditions = set_condition(conditions, "Failed", True, reason, message, gen)
-        metrics.CLAIMS.labels(outcome=reason, pool=body["spec"].get("poolRef", {}).get("name", "")).inc()
+    conditions = set_condition(status.get("conditions"), v.BOUND, False, reason, message, gen)
+    if phase == v.FAILED:
+        conditions = set_condition(conditions, v.FAILED, True, reason, message, gen)
+    metrics.claim_ended((body["spec"].get("poolRef") or {}).get("name", ""), status.get("launchType"), reason)
     await _status(ctx, body, {"phase": phase, "finishedTime": now_iso(), "observedGeneration": gen,
                               "conditions": conditions})
     log.info("claim %s/%s %s: %s (%s)", meta["namespace"], meta["name"], phase, reason, message)
@@ -92,24 +86,24 @@ async def reconcile_claim(ctx: Context, ns: str, name: str) -> None:
     try:
         spec = validate(SandboxClaimSpec, body["spec"])
     except CorralValidationError as exc:
-        if phase not in ("Failed", "Finished"):
-            await finish(ctx, body, "Failed", "InvalidSpec", str(exc))
+        if phase not in v.FINAL_RESOURCE_PHASES:
+            await finish(ctx, body, v.FAILED, v.R_INVALID_SPEC, str(exc))
         return
 
-    if phase in ("Failed", "Finished"):
+    if phase in v.FINAL_RESOURCE_PHASES:
         await _after_finish(ctx, body, spec, now)
         return
     sandbox = ctx.cache.claim_sandbox(ns, name)
     if sandbox is not None:
         ctx.bound.pop(key, None)
-    if phase == "Bound":
+    if phase == v.BOUND:
         await _bound(ctx, body, spec, sandbox, now)
         return
     try:
         await _pending(ctx, body, spec, sandbox, now)
     except ClaimError as exc:
         await _release_for_failure(ctx, ns, name)
-        await finish(ctx, body, "Failed", exc.reason, str(exc))
+        await finish(ctx, body, v.FAILED, exc.reason, str(exc))
 
 
 async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, sandbox: Member | None,
@@ -118,7 +112,7 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
     ns, name = meta["namespace"], meta["name"]
     key = (ns, name)
     first = ctx.first_seen.setdefault(key, now)
-    deadline = _ts(meta.get("creationTimestamp")) + spec.timeout_seconds
+    deadline = lifecycle.claim_deadline(_ts(meta.get("creationTimestamp")), spec.timeout_seconds)
     kind, pool_name = spec.pool_ref.kind, spec.pool_ref.name
 
     ctx.claim_decided(kind, ns, pool_name)  # the pool's refill waits for the quiet moment after a claim stream
@@ -127,21 +121,18 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
     if pool is None or template is None:
         what = f"{kind} {pool_name!r}" if pool is None else f"SandboxTemplate {pool['spec']['templateRef']['name']!r}"
         if now >= deadline:
-            raise ClaimError("Timeout", f"{what} does not exist in {ns} (waited {spec.timeout_seconds}s)")
-        await _waiting(ctx, body, "PoolNotFound" if pool is None else "TemplateNotFound",
+            raise ClaimError(v.R_TIMEOUT, f"{what} does not exist in {ns} (waited {spec.timeout_seconds}s)")
+        await _waiting(ctx, body, v.R_POOL_NOT_FOUND if pool is None else v.R_TEMPLATE_NOT_FOUND,
                        f"{what} does not exist in {ns}; waiting up to timeoutSeconds")
         ctx.request_at("SandboxClaim", ns, name, deadline)
         return
     try:
         tspec, bp_hash = ctx.template_spec(template)
     except CorralValidationError as exc:
-        raise ClaimError("InvalidTemplate", str(exc)) from None
+        raise ClaimError(v.R_INVALID_TEMPLATE, str(exc)) from None
     env = [e.to_k8s() for e in spec.env]
-    if problem := env_problem(env, tspec):
-        raise ClaimError("EnvVarsNotAllowed", problem)
-    if spec.volume_claim_templates and tspec.volume_claim_templates_policy == "Disallowed":
-        raise ClaimError("VolumesNotAllowed", "the claim adds volumeClaimTemplates but the template's "
-                                              "volumeClaimTemplatesPolicy is Disallowed")
+    if refusal := admission(spec, tspec):
+        raise ClaimError(refusal.reason, refusal.message)
 
     bound_name = ctx.bound.get(key)
     if sandbox is None and bound_name:
@@ -149,17 +140,17 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
         sandbox = None if sb is None else _member(sb)
     if sandbox is not None or bound_name:
         if sandbox is not None and sandbox.ready:
-            if env and sandbox.launch_type == "Warm":
+            if env and sandbox.launch_type == v.WARM:
                 await _inject_env(ctx, sandbox, env)  # idempotent: covers a restart between adoption and binding
-            await _bind(ctx, body, sandbox, sandbox.launch_type or "Cold", pool_name, first)
+            await _bind(ctx, body, sandbox, sandbox.launch_type or v.COLD, pool_name, first)
         elif now >= deadline:
-            raise ClaimError("Timeout", f"sandbox {sandbox.name if sandbox else bound_name} was not ready "
+            raise ClaimError(v.R_TIMEOUT, f"sandbox {sandbox.name if sandbox else bound_name} was not ready "
                                         f"within {spec.timeout_seconds}s")
         else:
             ctx.request_at("SandboxClaim", ns, name, deadline)
         return
     if now >= deadline:
-        raise ClaimError("Timeout", f"no sandbox within {spec.timeout_seconds}s")
+        raise ClaimError(v.R_TIMEOUT, f"no sandbox within {spec.timeout_seconds}s")
 
     if not spec.volume_claim_templates:
         adopted = await _adopt(ctx, body, kind, pool_name, bp_hash)
@@ -170,7 +161,7 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
                 md = spec.additional_pod_metadata
                 await ignore({404}, ctx.kube.patch("Pod", adopted.name, ns, {"metadata": {
                     "labels": md.labels, "annotations": md.annotations}}))
-            await _bind(ctx, body, adopted, "Warm", pool_name, first)
+            await _bind(ctx, body, adopted, v.WARM, pool_name, first)
             return
     await _cold(ctx, body, spec, kind, pool, template, tspec, bp_hash, env)
     ctx.request(kind, ns, pool_name)  # the pool may have been waiting for this decision to refill
@@ -186,9 +177,9 @@ def _member(sandbox_body: dict[str, Any]) -> Member:
 async def _waiting(ctx: Context, body: dict[str, Any], reason: str, message: str) -> None:
     status = body.get("status") or {}
     gen = body["metadata"].get("generation")
-    conditions = set_condition(status.get("conditions"), "Bound", False, reason, message, gen)
-    if status.get("phase") != "Pending" or [c for c in status.get("conditions") or [] if c.get("reason") == reason] == []:
-        await _status(ctx, body, {"phase": "Pending", "observedGeneration": gen, "conditions": conditions})
+    conditions = set_condition(status.get("conditions"), v.BOUND, False, reason, message, gen)
+    if status.get("phase") != v.PENDING or [c for c in status.get("conditions") or [] if c.get("reason") == reason] == []:
+        await _status(ctx, body, {"phase": v.PENDING, "observedGeneration": gen, "conditions": conditions})
 
 
 async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_hash: str) -> Member | None:
@@ -200,7 +191,7 @@ async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_ha
         patch: dict[str, Any] = {"metadata": {
             "resourceVersion": m.resource_version,
             "labels": {L_CLAIM: name},
-            "annotations": {A_LAUNCH: "Warm"},
+            "annotations": {A_LAUNCH: v.WARM},
         }}
         if kind == "WarmPool":  # the claim owns it from now on: deleting the claim deletes the sandbox
             patch["metadata"]["ownerReferences"] = [owner_ref(body)]
@@ -220,7 +211,7 @@ async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_ha
 
 async def _inject_env(ctx: Context, m: Member, env: list[dict[str, str]]) -> None:
     if not m.endpoint:
-        raise ClaimError("EnvInjectionFailed", f"sandbox {m.name} has no execd endpoint")
+        raise ClaimError(v.R_ENV_INJECTION_FAILED, f"sandbox {m.name} has no execd endpoint")
     token = execd_token(ctx.token_key, m.namespace, m.name, m.uid)
     try:
         resp = await ctx.http().put(f"http://{m.endpoint}/v1/env",
@@ -228,7 +219,7 @@ async def _inject_env(ctx: Context, m: Member, env: list[dict[str, str]]) -> Non
                                     headers={"Authorization": f"Bearer {token}"}, timeout=5)
         resp.raise_for_status()
     except httpx.HTTPError as exc:
-        raise ClaimError("EnvInjectionFailed", f"could not set env in sandbox {m.name} through execd: {exc}") from None
+        raise ClaimError(v.R_ENV_INJECTION_FAILED, f"could not set env in sandbox {m.name} through execd: {exc}") from None
 
 
 async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool: str, first_seen: float) -> None:
@@ -236,16 +227,15 @@ async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool
     gen = meta.get("generation")
     status = body.get("status") or {}
     await _status(ctx, body, {
-        "phase": "Bound",
+        "phase": v.BOUND,
         "sandbox": {"name": m.name, "podIPs": list(m.pod_ips), "endpoint": m.endpoint},
         "launchType": launch,
         "boundTime": now_iso(),
         "observedGeneration": gen,
-        "conditions": set_condition(status.get("conditions"), "Bound", True, "Bound",
+        "conditions": set_condition(status.get("conditions"), v.BOUND, True, v.R_BOUND,
                                     f"bound to sandbox {m.name} ({launch.lower()} start)", gen),
     })
-    metrics.CLAIM_LATENCY.labels(launch_type=launch, pool=pool).observe(max(0.0, time.time() - first_seen))
-    metrics.CLAIMS.labels(outcome="Bound", pool=pool).inc()
+    metrics.claim_bound(pool, launch, time.time() - first_seen)
     ctx.first_seen.pop((meta["namespace"], meta["name"]), None)
 
 
@@ -267,7 +257,7 @@ async def _cold_in_pool(ctx: Context, body: dict[str, Any], spec: SandboxClaimSp
     in_flight = ctx.creates.outstanding(("Pool", ns, pool_name), {m.name for m in members})
     pool_max = int((pool["spec"].get("capacity") or {}).get("poolMax", 10))
     if len(members) + in_flight >= pool_max:
-        await _waiting(ctx, body, "PoolExhausted", f"Pool {pool_name} is at poolMax ({pool_max}); waiting")
+        await _waiting(ctx, body, v.R_POOL_EXHAUSTED, f"Pool {pool_name} is at poolMax ({pool_max}); waiting")
         return
     created = await _cold_create(ctx, body, spec, "Pool", pool, template, tspec, bp_hash, env)
     ctx.creates.expect(("Pool", ns, pool_name), created)
@@ -303,7 +293,7 @@ async def _cold_create(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpe
         owner = owner_ref(body)
     sandbox_name = f"{name}-{meta['uid'][:5]}"
     manifest = sandbox_manifest(name=sandbox_name, namespace=ns, template_name=tname, blueprint=blueprint,
-                                labels=labels, owner=owner, annotations={A_LAUNCH: "Cold"})
+                                labels=labels, owner=owner, annotations={A_LAUNCH: v.COLD})
     await ignore({409}, ctx.kube.create(manifest))
     ctx.bound[(ns, name)] = sandbox_name
     return sandbox_name
@@ -330,8 +320,8 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
         expected = (status.get("sandbox") or {}).get("name")
         if (ns, name) in ctx.bound:
             return  # our own adoption, not reported by the watch yet
-        if shutdown and now >= shutdown:
-            await finish(ctx, body, "Finished", "ShutdownTime", f"shut down at shutdownTime ({policy})")
+        if lifecycle.due(shutdown or None, now):
+            await finish(ctx, body, v.FINISHED, v.R_SHUTDOWN_TIME, f"shut down at shutdownTime ({policy})")
             return
         if expected and await _still_there(ctx, ns, expected, name):
             # The index is behind the cluster: kopf re-lists one watch stream at a time (after a 410 Gone, say), so
@@ -339,25 +329,25 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
             # sandbox's own watch event will bring the claim back; check again soon regardless.
             ctx.request_at("SandboxClaim", ns, name, now + 1.0)
             return
-        await finish(ctx, body, "Failed", "SandboxLost",
+        await finish(ctx, body, v.FAILED, v.R_SANDBOX_LOST,
                      f"sandbox {expected} was deleted while the claim was bound")
         return
     if not shutdown:
         return
-    if now < shutdown:
+    if not lifecycle.due(shutdown, now):
         ctx.request_at("SandboxClaim", ns, name, shutdown)
         return
     if policy == "Retain":
         patch = retain_patch(name, spec.pool_ref.name, now_iso())
         await ignore({404}, ctx.kube.patch("Sandbox", sandbox.name, ns, patch))
-        await finish(ctx, body, "Finished", "ShutdownTime", f"shutdownTime reached; sandbox {sandbox.name} retained")
+        await finish(ctx, body, v.FINISHED, v.R_SHUTDOWN_TIME, f"shutdownTime reached; sandbox {sandbox.name} retained")
     elif policy == "DeleteForeground":
         if not sandbox.deleting:
             await ignore({404}, ctx.kube.delete("Sandbox", sandbox.name, ns, foreground=True))
         # Finished once the sandbox is gone (its deletion event brings us back here).
     else:
         await ignore({404}, ctx.kube.delete("Sandbox", sandbox.name, ns))
-        await finish(ctx, body, "Finished", "ShutdownTime", f"shutdownTime reached; sandbox {sandbox.name} deleted")
+        await finish(ctx, body, v.FINISHED, v.R_SHUTDOWN_TIME, f"shutdownTime reached; sandbox {sandbox.name} deleted")
 
 
 async def _after_finish(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, now: float) -> None:
@@ -366,11 +356,12 @@ async def _after_finish(ctx: Context, body: dict[str, Any], spec: SandboxClaimSp
         return
     meta = body["metadata"]
     finished = _ts((body.get("status") or {}).get("finishedTime")) or now
-    if now >= finished + ttl:
+    expiry = lifecycle.finished_expiry(finished, ttl)
+    if lifecycle.due(expiry, now):
         log.info("claim %s/%s: ttlSecondsAfterFinished passed; deleting", meta["namespace"], meta["name"])
         await ignore({404, 409}, ctx.kube.delete("SandboxClaim", meta["name"], meta["namespace"], uid=meta["uid"]))
     else:
-        ctx.request_at("SandboxClaim", meta["namespace"], meta["name"], finished + ttl)
+        ctx.request_at("SandboxClaim", meta["namespace"], meta["name"], expiry)
 
 
 async def _release_for_failure(ctx: Context, ns: str, name: str) -> None:

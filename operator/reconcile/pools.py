@@ -9,13 +9,13 @@ from typing import Any
 
 from corral.api import CorralValidationError, PoolSpec, WarmPoolSpec, validate
 
-from .. import metrics
 from ..builders import owner_ref, sandbox_labels, sandbox_manifest
 from ..cache import _ts
 from ..constants import L_CLAIM, L_POOL, L_POOL_KIND
 from ..context import Context
+from ..core import lifecycle, metrics
 from ..kube import ignore, status_code
-from ..planning import Member, plan_pool, plan_warm_pool, slow_start
+from ..planning import Member, plan_pool, plan_warm_pool, pool_desired, slow_start
 from .conditions import condition, differs, set_condition
 
 log = logging.getLogger("corral.operator.pool")
@@ -121,7 +121,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     expected = ctx.creates.outstanding(("WarmPool", ns, name), {m.name for m in members})
     plan = plan_warm_pool(replicas=spec.replicas, idle=idle, current_hash=bp_hash,
                           strategy=spec.update_strategy.type, expected_creates=expected, now=now,
-                          readiness_grace=spec.readiness_grace_seconds)
+                          readiness_grace=lifecycle.readiness_grace(spec))
     error: Exception | None = None
     if plan.delete:
         log.info("warmpool %s/%s: deleting %d (%s)", ns, name, len(plan.delete), "; ".join(plan.reasons) or "surplus")
@@ -148,7 +148,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
                                      ctx.settings.max_batch, f"warmpool {ns}/{name}")
 
     # Wake up when an unready sandbox would pass its readiness grace.
-    unready = [m.created + spec.readiness_grace_seconds for m in idle if not m.ready]
+    unready = [lifecycle.grace_deadline(m.created, lifecycle.readiness_grace(spec)) for m in idle if not m.ready]
     if unready:
         ctx.request_at("WarmPool", ns, name, min(unready) + 0.5)
 
@@ -273,7 +273,8 @@ async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
         "conditions": set_condition(status.get("conditions"), "Ready", error is None,
                                     "Ready" if error is None else "CreateFailed", str(error or ""), gen),
     }
-    _gauges(ns, name, cap.buffer_min, desired["available"], len(kept_idle), allocated)
+    want = pool_desired(buffer_min=cap.buffer_min, pool_min=cap.pool_min, pool_max=cap.pool_max, allocated=allocated)
+    _gauges(ns, name, want, desired["available"], len(kept_idle), allocated)
     await _write_status(ctx, "Pool", body, status, desired, time.time())
     # Claims waiting for capacity (PoolExhausted) try again when the pool can serve one: a ready idle sandbox, or room
     # under poolMax for a cold start. Not otherwise: a waiting claim requests its pool, and the two would re-queue
@@ -301,5 +302,4 @@ async def recycle(ctx: Context, m: Member, strategy: str) -> None:
 
 
 def _gauges(ns: str, name: str, desired: int, ready: int, idle: int, allocated: int) -> None:
-    for state, value in (("desired", desired), ("ready", ready), ("idle", idle), ("allocated", allocated)):
-        metrics.POOL_REPLICAS.labels(namespace=ns, pool=name, state=state).set(value)
+    metrics.pool_sandboxes(ns, name, desired=desired, ready=ready, idle=idle, allocated=allocated)
