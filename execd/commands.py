@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -12,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from . import processes
-from .endpoints import Router
+from .endpoints import Router, new_id
 from .errors import ExecdError
 from .inputs import MAX_TIMEOUT_SECONDS, EnvMap, Text, UserSpec
 from .runner import Command, Event
@@ -78,6 +76,23 @@ class OutputChunk(BaseModel):
     encoding: Literal["utf-8", "base64"]
 
 
+class CommandStarted(BaseModel):
+    """The stream's `start` event."""
+
+    id: str
+    pid: int
+
+
+class CommandExit(BaseModel):
+    """The stream's `exit` event."""
+
+    exit_code: int | None = Field(description="As in CommandResult; null only if the command could not be reaped.")
+    signal: str | None
+    timed_out: bool
+    interrupted: bool
+    duration_ms: float
+
+
 class CommandLogs(BaseModel):
     id: str
     running: bool
@@ -121,7 +136,7 @@ def _start(state: State, body: CommandRequest, mode: str) -> Command:
     )
     s = state.settings
     cmd = Command(
-        id=os.urandom(8).hex(), mode=mode, proc=proc, timeout=body.timeout, max_output=s.max_output_bytes,
+        id=new_id(), mode=mode, proc=proc, timeout=body.timeout, max_output=s.max_output_bytes,
         log_bytes=s.log_buffer_bytes, metrics=state.metrics,
     )
     state.commands[cmd.id] = cmd
@@ -190,6 +205,7 @@ def _sse(event: str, payload: str, seq: int | None = None) -> bytes:
 @router.post(
     "/v1/command/stream", "Run a command, streaming its output as Server-Sent Events", body=CommandRequest,
     errors=(400, 403), response_media="text/event-stream",
+    events={"start": CommandStarted, "stdout": OutputChunk, "stderr": OutputChunk, "exit": CommandExit},
 )
 async def stream_command(request: Request, body: CommandRequest) -> StreamingResponse:
     """Events, in order: `start` {id, pid}; `stdout` / `stderr` {seq, stream, data, encoding} as output arrives
@@ -201,14 +217,16 @@ async def stream_command(request: Request, body: CommandRequest) -> StreamingRes
 
     async def events():
         try:
-            yield _sse("start", json.dumps({"id": cmd.id, "pid": cmd.pid}))
+            yield _sse("start", CommandStarted(id=cmd.id, pid=cmd.pid).model_dump_json())
             assert cmd.queue is not None
             while (event := await cmd.queue.get()) is not None:
                 cmd.consumed(event)
                 yield _sse(event.stream, _chunk(event).model_dump_json(), event.seq)
             await runner
-            status = _status(cmd)
-            yield _sse("exit", status.model_dump_json(include={"exit_code", "signal", "timed_out", "interrupted", "duration_ms"}))
+            yield _sse("exit", CommandExit(
+                exit_code=cmd.exit_code, signal=cmd.signal, timed_out=cmd.timed_out, interrupted=cmd.interrupted,
+                duration_ms=cmd.duration_ms,
+            ).model_dump_json())
         finally:
             if not runner.done():
                 runner.cancel()
@@ -231,7 +249,7 @@ async def list_commands(request: Request) -> CommandList:
 
 
 @router.get(
-    "/v1/command/{id}", "Status of a command", response=CommandStatus, errors=(404,),
+    "/v1/command/{id:id}", "Status of a command", response=CommandStatus, errors=(404,),
     path_params={"id": "Command id from POST /v1/command or the stream's start event."},
 )
 async def command_status(request: Request) -> CommandStatus:
@@ -239,7 +257,7 @@ async def command_status(request: Request) -> CommandStatus:
 
 
 @router.get(
-    "/v1/command/{id}/logs", "Output of a background command since a cursor", query=LogsQuery,
+    "/v1/command/{id:id}/logs", "Output of a background command since a cursor", query=LogsQuery,
     response=CommandLogs, errors=(400, 404), path_params={"id": "Command id."},
 )
 async def command_logs(request: Request, query: LogsQuery) -> CommandLogs:
@@ -254,7 +272,7 @@ async def command_logs(request: Request, query: LogsQuery) -> CommandLogs:
 
 
 @router.delete(
-    "/v1/command/{id}", "Interrupt a command (its whole process tree)", query=InterruptQuery,
+    "/v1/command/{id:id}", "Interrupt a command (its whole process tree)", query=InterruptQuery,
     response=CommandStatus, errors=(400, 404), path_params={"id": "Command id."},
 )
 async def interrupt_command(request: Request, query: InterruptQuery) -> CommandStatus:
@@ -266,6 +284,6 @@ async def interrupt_command(request: Request, query: InterruptQuery) -> CommandS
     await cmd.interrupt(sig, state.settings.kill_grace_seconds)
     try:
         await asyncio.wait_for(cmd.done.wait(), DONE_WAIT_SECONDS)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass  # killed but still draining: the status says running
     return _status(cmd)

@@ -7,12 +7,14 @@ declared on the route; it returns a pydantic model (sent as JSON with the route'
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -21,6 +23,51 @@ from .errors import ExecdError
 
 Handler = Callable[..., Awaitable[Any]]
 MAX_JSON_BODY = 1 << 20  # JSON request bodies are buffered whole to validate them: this is the most one may be
+ID_PATTERN = "[0-9a-f]{16}"  # command and PTY session ids (new_id); the command routes match nothing else
+
+
+def new_id() -> str:
+    return os.urandom(8).hex()
+
+
+class _Text(Convertor[str]):
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+class _Id(_Text):
+    """`{id:id}`: an id as new_id() makes them, so `/v1/command/stream` is never taken for a command id (a 405 on it
+    would name GET and DELETE, which only serve ids)."""
+
+    regex = ID_PATTERN
+
+
+class _Segment(_Text):
+    """`{port:segment}`: any one path segment, even empty; the handler refuses what is not a port with 400 (Starlette's
+    `int` would make `/v1/proxy/x/...` a 404: no route)."""
+
+    regex = "[^/]*"
+
+
+class _Rest(_Text):
+    """`{path:rest}`: the rest of the path, newlines included (Starlette's `path` is `.*`: a `%0A` made no route
+    match); the proxy forwards the path still percent-encoded, so nothing raw reaches the upstream request line."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("id", _Id())
+register_url_convertor("segment", _Segment())
+register_url_convertor("rest", _Rest())
+# What the document says each path parameter is, by convertor (`{name}` with no convertor: any string but `/`).
+PATH_PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
+    "id": {"type": "string", "pattern": f"^{ID_PATTERN}$"},
+    "segment": {"type": "integer", "minimum": 1, "maximum": 65535},
+    "rest": {"type": "string"},
+}
 
 
 async def read_json_body(request: Request, limit: int = MAX_JSON_BODY) -> bytes:
@@ -52,6 +99,7 @@ class Endpoint:
     errors: tuple[int, ...] = ()
     request_media: str | None = None  # a raw (streamed) request body of this media type
     response_media: str | None = None  # a raw (streamed) response of this media type
+    events: dict[str, type[BaseModel]] = field(default_factory=dict)  # text/event-stream: event name -> its data
     path_params: dict[str, str] = field(default_factory=dict)  # name -> description
     extra_responses: dict[int, type[BaseModel]] = field(default_factory=dict)  # other 2xx answers
     websocket: bool = False
@@ -114,7 +162,8 @@ def _http_route(ep: Endpoint) -> Route:
                 raw = await read_json_body(request)
                 if not raw:
                     raise ExecdError(400, "a JSON request body is required")
-                kwargs["body"] = ep.body.model_validate_json(raw)
+                # strict: JSON types as the document declares them (`"merge": 0` is not a boolean, `"1"` no number)
+                kwargs["body"] = ep.body.model_validate_json(raw, strict=True)
         except ValidationError as exc:
             from .errors import _validation_message
 
@@ -138,5 +187,12 @@ def routes(routers: list[Router]) -> list[Route | WebSocketRoute]:
 
 
 def openapi_path(path: str) -> str:
-    """Starlette's `{port:int}` / `{path:path}` become OpenAPI's `{port}` / `{path}`."""
+    """The route's `{port:segment}` / `{path:rest}` become OpenAPI's `{port}` / `{path}`."""
     return re.sub(r"\{(\w+):\w+\}", r"{\1}", path)
+
+
+def path_param_schema(path: str, name: str) -> dict[str, Any]:
+    """The schema of path parameter `name` in route `path`, from its convertor."""
+    found = re.search(r"\{" + name + r"(?::(\w+))?\}", path)
+    convertor = found.group(1) if found else None
+    return dict(PATH_PARAM_SCHEMAS.get(convertor or "", {"type": "string"}))

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from . import __version__
-from .endpoints import Endpoint, openapi_path
+from .endpoints import Endpoint, openapi_path, path_param_schema
 from .errors import Error
 
 DOCUMENT = Path(__file__).with_name("openapi.json")
@@ -38,7 +38,7 @@ def _models(endpoints: list[Endpoint]) -> list[tuple[type[BaseModel], Any]]:
     for ep in endpoints:
         if ep.body is not None:
             seen[ep.body.__name__] = (ep.body, "validation")
-        for model in (ep.response, *ep.extra_responses.values()):
+        for model in (ep.response, *ep.extra_responses.values(), *ep.events.values()):
             if model is not None:
                 seen[model.__name__] = (model, "serialization")
     return list(seen.values())
@@ -46,8 +46,7 @@ def _models(endpoints: list[Endpoint]) -> list[tuple[type[BaseModel], Any]]:
 
 def _parameters(ep: Endpoint) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "description": desc,
-         "schema": {"type": "integer"} if name == "port" else {"type": "string"}}
+        {"name": name, "in": "path", "required": True, "description": desc, "schema": path_param_schema(ep.path, name)}
         for name, desc in ep.path_params.items()
     ]
     if ep.query is not None:
@@ -60,6 +59,29 @@ def _parameters(ep: Endpoint) -> list[dict[str, Any]]:
     return params
 
 
+def _event_schema(events: dict[str, type[BaseModel]]) -> dict[str, Any]:
+    """A text/event-stream answer: OpenAPI 3.1 has no `itemSchema` (3.2 does), so, as tools read 3.1, the schema
+    describes each event: its name, its optional id and its `data`, a JSON document of the event's model."""
+    by_model: dict[str, list[str]] = {}
+    for name, model in events.items():
+        by_model.setdefault(model.__name__, []).append(name)
+    return {
+        "description": "One Server-Sent Event of the stream (each `data` is one line of JSON).",
+        "oneOf": [
+            {
+                "type": "object", "required": ["event", "data"],
+                "properties": {
+                    "event": {"const": names[0]} if len(names) == 1 else {"enum": names},
+                    "id": {"type": "string"},
+                    "data": {"type": "string", "contentMediaType": "application/json",
+                             "contentSchema": {"$ref": REF.format(model=model)}},
+                },
+            }
+            for model, names in by_model.items()
+        ],
+    }
+
+
 def _operation(ep: Endpoint) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     ok: dict[str, Any] = {"description": STATUS_TEXT.get(ep.status, "OK")}
@@ -69,7 +91,8 @@ def _operation(ep: Endpoint) -> dict[str, Any]:
         ok["content"] = {"application/json": {"schema": {"$ref": REF.format(model=ep.response.__name__)}}}
         responses[str(ep.status)] = ok
     elif ep.response_media is not None:
-        ok["content"] = {ep.response_media: {"schema": {"type": "string", "format": "binary"}}}
+        schema = _event_schema(ep.events) if ep.events else {"type": "string", "format": "binary"}
+        ok["content"] = {ep.response_media: {"schema": schema}}
         responses[str(ep.status)] = ok
     else:
         responses["204" if ep.status == 200 else str(ep.status)] = {"description": "No Content"}
@@ -86,7 +109,7 @@ def _operation(ep: Endpoint) -> dict[str, Any]:
         }
     op: dict[str, Any] = {
         "tags": [ep.tag], "summary": ep.summary, "operationId": f"{ep.handler.__name__}_{ep.method.lower()}"
-        + ("_ws" if ep.websocket else "") + ("_root" if ep.path.endswith("{port:int}") else ""),
+        + ("_ws" if ep.websocket else "") + ("_root" if ep.path.endswith("{port:segment}") else ""),
         "parameters": _parameters(ep), "responses": responses,
     }
     if ep.description:

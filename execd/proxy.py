@@ -6,7 +6,6 @@ is on the cold-start path. The execd token is stripped before forwarding, so the
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 from urllib.parse import quote
@@ -43,9 +42,17 @@ def _forwarded_path(scope: dict[str, Any], path: str) -> str:
     return quote(path, safe="/:@!$&'()*+,;=-._~")
 
 
-def _target(port: int, path: str, query: str, scheme: str = "http") -> str:
+def _port(raw: str) -> int:
+    """The route takes any segment as the port, so that what is not one is a 400 in the error shape, not a 404."""
+    if not re.fullmatch(r"[0-9]{1,20}", raw):
+        raise ExecdError(400, f"port {raw[:40]!r} is not a number", "invalid_port")
+    port = int(raw)
     if not 1 <= port <= 65535:
         raise ExecdError(400, f"port {port} is out of range", "invalid_port")
+    return port
+
+
+def _target(port: int, path: str, query: str, scheme: str = "http") -> str:
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in path + query):
         raise ExecdError(400, "the proxied path contains a space or control character", "invalid_path")
     return f"{scheme}://127.0.0.1:{port}/{path}" + (f"?{query}" if query else "")
@@ -74,7 +81,7 @@ async def close_client() -> None:
 async def _forward(request: Request) -> StreamingResponse:
     import httpx
 
-    port, path = request.path_params["port"], _forwarded_path(request.scope, request.path_params.get("path", ""))
+    port, path = _port(request.path_params["port"]), _forwarded_path(request.scope, request.path_params.get("path", ""))
     url = _target(port, path, request.scope.get("query_string", b"").decode("latin-1"))
     has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
     try:
@@ -101,7 +108,7 @@ def get_state_metrics(conn: Any) -> Any:
     return conn.app.state.execd.metrics
 
 
-for _path in ("/v1/proxy/{port:int}", "/v1/proxy/{port:int}/{path:path}"):
+for _path in ("/v1/proxy/{port:segment}", "/v1/proxy/{port:segment}/{path:rest}"):
     router.route(
         "GET", _path, "Proxy HTTP to a port inside the sandbox (any method)", also=METHODS[1:], errors=(400, 502),
         path_params={k: v for k, v in PARAMS.items() if "{" + k in _path},
@@ -116,15 +123,16 @@ async def _refuse(ws: WebSocket, status: int, message: str, code: str) -> None:
 
 
 @router.ws(
-    "/v1/proxy/{port:int}/{path:path}", "Proxy a WebSocket to a port inside the sandbox", errors=(400, 502),
+    "/v1/proxy/{port:segment}/{path:rest}", "Proxy a WebSocket to a port inside the sandbox", errors=(400, 502),
     path_params=PARAMS,
 )
 async def proxy_socket(ws: WebSocket) -> None:
     from websockets.asyncio.client import connect
 
-    port, path = ws.path_params["port"], _forwarded_path(ws.scope, ws.path_params.get("path", ""))
+    path = _forwarded_path(ws.scope, ws.path_params.get("path", ""))
     protocols = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     try:
+        port = _port(ws.path_params["port"])
         target = _target(port, path, ws.scope.get("query_string", b"").decode("latin-1"), "ws")
     except ExecdError as exc:
         return await _refuse(ws, exc.status, exc.message, exc.code)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import processes
-from .endpoints import Router
+from .endpoints import Router, new_id
 from .errors import ExecdError, error_response
 from .inputs import EnvMap, Text, UserSpec
 from .ptysession import PtySession
@@ -89,7 +89,7 @@ async def create_pty(request: Request, body: PtyRequest) -> PtyStatus:
     run_as = processes.resolve_user(body.user)
     argv = body.argv or (["/bin/sh", "-c", body.command] if body.command is not None else _default_shell())
     session = PtySession(
-        os.urandom(8).hex(), argv, cwd=processes.resolve_cwd(body.cwd, state.workspace),
+        new_id(), argv, cwd=processes.resolve_cwd(body.cwd, state.workspace),
         env=processes.child_env(state.env, body.env, run_as), run_as=run_as, rows=body.rows, cols=body.cols,
         buffer_bytes=state.settings.pty_buffer_bytes,
     )

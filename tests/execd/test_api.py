@@ -129,6 +129,21 @@ def test_http_proxy(client, http_upstream):
     assert client.get(f"/v1/proxy/{http_upstream}").json()["path"] == "/"
 
 
+def test_http_proxy_refuses_a_port_that_is_not_one_and_forwards_a_newline(client, http_upstream):
+    for port in ("abc", "0", "65536", "-1", "1.5", "", "%D9%A3"):  # the last: an Arabic-Indic digit
+        r = client.get(f"/v1/proxy/{port}/x")
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_port"), (port, r.text)
+    r = client.get(f"/v1/proxy/{http_upstream}/a%0Ab")  # once no route (404); the upstream sees it still encoded
+    assert r.status_code == 201 and r.json()["path"] == "/a%0Ab"
+
+
+def test_command_routes_take_only_command_ids(client):
+    r = client.get("/v1/command/stream")  # not a command id: the stream's 405, naming the one method it serves
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
+    assert client.put("/v1/env", json={"env": {}, "merge": 0}).status_code == 400  # strict JSON types
+    assert client.post("/v1/command", json={"command": "true", "timeout": "5"}).status_code == 400
+
+
 def test_http_proxy_to_a_closed_port_is_502(client):
     import socket
 
