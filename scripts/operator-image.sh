@@ -25,13 +25,14 @@ trap 'rm -rf "$work"' EXIT
 # Stage corral.* as plain packages: PyInstaller's analysis does not follow the editable-install finder. Inside the
 # staged `corral` package, operator/ may have an __init__.py (it cannot shadow the standard library there).
 src="$work/src/corral"
-mkdir -p "$src/operator/docker" "$src/operator/claimsapi" "$src/api" "$src/execd"
+mkdir -p "$src/operator/docker" "$src/operator/claimsapi" "$src/operator/core" "$src/api" "$src/execd"
 : >"$src/__init__.py"
 : >"$src/operator/__init__.py"
 : >"$src/execd/__init__.py"
 cp "$REPO_DIR"/execd/wsrelay.py "$src/execd/"   # the claims API's WebSocket relay (the rest of execd is its bundle)
 cp "$REPO_DIR"/operator/planning.py "$REPO_DIR"/operator/constants.py "$src/operator/"
 cp "$REPO_DIR"/operator/docker/*.py "$src/operator/docker/"
+cp "$REPO_DIR"/operator/core/*.py "$src/operator/core/"
 cp "$REPO_DIR"/operator/claimsapi/*.py "$src/operator/claimsapi/"
 cp "$REPO_DIR"/api/*.py "$src/api/"
 cat >"$work/entry.py" <<'PY'
