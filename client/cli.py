@@ -20,19 +20,22 @@ import os
 import sys
 import time
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.progress import (
-    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
-)
-from rich.table import Table
 
 from . import config as cfg
 from .errors import CorralError
-from .sync import Client
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .sync import Client
+
+# Imports are lazy past typer: the SDK (httpx, pydantic, the models) and rich's console, tables and progress bars
+# load when a command needs them, so `corral --help` answers in well under 0.3 s (bench/cli_startup).
 
 app = typer.Typer(name="corral", help="Claim and use Corral sandboxes.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -43,8 +46,29 @@ retained_app = typer.Typer(help="Sandboxes kept after their claim ended (claimed
 app.add_typer(retained_app, name="retained")
 snapshots_app = typer.Typer(help="Snapshot images of claims (Docker mode).", no_args_is_help=True)
 app.add_typer(snapshots_app, name="snapshots")
-out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
-err = Console(stderr=True)
+
+
+class _LazyConsole:
+    """A rich Console made on first use."""
+
+    def __init__(self, **kw: Any):
+        self._kw: dict[str, Any] = kw
+        self._console: Console | None = None
+
+    def real(self) -> Console:
+        """The Console itself, for rich objects that take one (Live, Progress)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kw)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+
+out = _LazyConsole(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+err = _LazyConsole(stderr=True)
 
 
 class Ctx:
@@ -52,6 +76,8 @@ class Ctx:
         self.url, self.token = url, token
 
     def client(self, **kw: Any) -> Client:
+        from .sync import Client
+
         return Client(self.url, self.token, **kw)
 
 
@@ -87,8 +113,14 @@ def _env(pairs: list[str]) -> dict[str, str]:
 
 
 # --- pools and claims ----------------------------------------------------------------------------------------------
+def _table(**kw: Any) -> Table:
+    from rich.table import Table
+
+    return Table(**kw)
+
+
 def _pools_table(pools: list[Any]) -> Table:
-    t = Table(title=f"pools ({time.strftime('%H:%M:%S')})", title_justify="left")
+    t = _table(title=f"pools ({time.strftime('%H:%M:%S')})", title_justify="left")
     for col in ("pool", "kind", "template"):
         t.add_column(col, no_wrap=True)
     for col in ("desired", "ready", "idle", "allocated"):
@@ -114,7 +146,9 @@ def pools(ctx: typer.Context,
             out.print(_pools_table(items))
             return
         try:
-            with Live(_pools_table(items), console=out, auto_refresh=False) as live:
+            from rich.live import Live
+
+            with Live(_pools_table(items), console=out.real(), auto_refresh=False) as live:
                 while True:
                     time.sleep(interval)
                     live.update(_pools_table(run_cli(client.pools)), refresh=True)
@@ -154,7 +188,7 @@ def list_claims(ctx: typer.Context,
     if as_json:
         out.print_json(json.dumps([c.model_dump(mode="json", by_alias=True) for c in claims]))
         return
-    t = Table()
+    t = _table()
     for col in ("name", "pool", "phase", "launch", "sandbox", "created", "expires"):
         t.add_column(col, no_wrap=True)
     for c in claims:
@@ -216,7 +250,7 @@ def retained_ls(ctx: typer.Context,
     if as_json:
         out.print_json(json.dumps([r.model_dump(mode="json", by_alias=True) for r in items]))
         return
-    t = Table()
+    t = _table()
     for col in ("name", "template", "pool", "claim", "retained", "state", "ready"):
         t.add_column(col, no_wrap=True)
     for r in items:
@@ -241,7 +275,7 @@ def snapshots_ls(ctx: typer.Context,
     if as_json:
         out.print_json(json.dumps([s.model_dump(mode="json", by_alias=True) for s in items]))
         return
-    t = Table()
+    t = _table()
     for col in ("image", "claim", "created", "size", "id"):
         t.add_column(col, no_wrap=True, justify="right" if col == "size" else "left")
     for snap in items:
@@ -307,8 +341,12 @@ def _split(spec: str) -> tuple[str | None, str]:
 
 
 def _progress() -> Progress:
+    from rich.progress import (
+        BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+    )
+
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    TimeRemainingColumn(), console=err)
+                    TimeRemainingColumn(), console=err.real())
 
 
 @app.command()
