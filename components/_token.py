@@ -7,7 +7,9 @@ import secrets
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider
+from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
+
+from ._dynamic import Resource
 
 
 class TokenProvider(ResourceProvider):

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
+from ._dynamic import Resource
 from ._token import ApiToken, TokenProvider  # noqa: F401
 
 STACK_LABEL = "corral.dev/stack"

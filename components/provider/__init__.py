@@ -330,7 +330,10 @@ def schema() -> dict[str, Any]:
 
 
 def main() -> None:
-    """Serve the provider; the plugin host runs this with the engine's address as argument."""
-    from pulumi.provider import main as serve
+    """Serve the provider; the plugin host runs this with the engine's address as argument. The components' dynamic
+    resources are served here too, by this interpreter (corral.components._dynamic)."""
+    from .. import _dynamic
+    from ._crud import serve
 
+    _dynamic.serve_here()
     serve(provider(), sys.argv[1:])
