@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
 
 
-TIER_ORDER = ["unit", "execd", "docker", "engine", "kube", "cluster"]
+TIER_ORDER = ["unit", "package", "execd", "docker", "engine", "kube", "cluster"]
 
 
 def pytest_collection_modifyitems(config, items):
