@@ -2,11 +2,11 @@
 
 The importable names are corral.<part>; the parts are the repository's fixed top-level folders (ARCHITECTURE.md),
 so each folder maps to a package here and every folder below it is found, never listed by hand (a folder of data,
-such as api/crds, is a package without code, as setuptools wants). `operator/` deliberately has no __init__.py: with the repository root on sys.path a regular package
-there would shadow the standard library's `operator` module; as a namespace portion it never does.
-`templates/` (the Jinja catalogue) and `charts/` (the operator's Helm chart) hold no Python: they ship as package
-data at corral/templates and corral/charts, beside corral/components, which finds them there as in the repository.
-"""
+such as api/crds, is a package without code, as setuptools wants). `operator/` deliberately has no __init__.py:
+with the repository root on sys.path a regular package there would shadow the standard library's `operator`
+module; as a namespace portion it never does. `templates/` (the Jinja catalogue) and `charts/` (the operator's Helm
+chart) hold no Python: they ship as package data at corral/templates and corral/charts, beside corral/components,
+which finds them there as in the repository."""
 
 from setuptools import find_namespace_packages, setup
 

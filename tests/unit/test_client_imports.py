@@ -14,7 +14,8 @@ SERVER_SIDE = ("corral.operator", "corral.components", "corral.execd")
 def loaded_after(code: str) -> tuple[list[str], str]:
     """Run `code` in a fresh interpreter (outside the repository), then list the modules it loaded."""
     probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO.parent)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=REPO.parent, check=False)
     assert proc.returncode == 0, proc.stderr
     *printed, modules = proc.stdout.rstrip("\n").split("\n")
     return json.loads(modules), "\n".join(printed)
