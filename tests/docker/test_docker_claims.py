@@ -200,7 +200,7 @@ def test_pool_recycles_by_strategy_and_respects_pool_max(make_operator):
              df.pool(name="shell-delete", template="shell", buffer_min=1, buffer_max=1, pool_max=3)]
     op = make_operator(pools=pools)
     for p in pools:
-        op.wait_idle(p.name, 1)
+        op.wait_idle(p.metadata.name, 1)
     with op.http() as http:
         for pool, same in [("shell-noop", True), ("shell-restart", True), ("shell-delete", False)]:
             c = http.post("/v1/claims", json={"pool": pool}).json()
