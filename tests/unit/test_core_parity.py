@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from corral.api import SandboxClaimSpec, SandboxTemplateSpec, WarmPoolSpec
+from corral.api.wire import ClaimRequest
 from corral.components import catalogue
 from corral.operator.claimsapi import kube_backend
-from corral.operator.claimsapi.models import ClaimRequest
 from corral.operator.core import lifecycle
 from corral.operator.docker import desired as df
 from corral.operator.docker import pools as docker_pools
