@@ -185,8 +185,12 @@ async def _docker_batches(n: int, cap: int) -> list[int]:
 
 @pytest.mark.parametrize(("n", "cap"), [(1, 32), (10, 32), (10, 3), (40, 4), (7, 1)])
 def test_slow_start_with_the_batch_cap_is_the_same_in_both_runtimes(n, cap):
-    kube = asyncio.run(_kube_batches(n, cap))
-    docker = asyncio.run(_docker_batches(n, cap))
+    loop = asyncio.new_event_loop()  # not asyncio.run: it unsets the current loop that Pulumi's mocked tests use
+    try:
+        kube = loop.run_until_complete(_kube_batches(n, cap))
+        docker = loop.run_until_complete(_docker_batches(n, cap))
+    finally:
+        loop.close()
     assert kube == docker, (kube, docker)
     assert sum(kube) == n and max(kube) <= cap and kube[0] == 1
 
