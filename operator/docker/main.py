@@ -8,6 +8,8 @@ Configuration (env):
     CORRAL_API_HOST, CORRAL_API_PORT           listen address                          127.0.0.1, 7780
     CORRAL_EXECD_BUNDLE    execd bundle tar (default: built/cached by corral.execd.bundle)
     CORRAL_MAX_BATCH       slow-start cap of pool creates and deletes (as on Kubernetes)       32
+    CORRAL_SANDBOX_HEALTH_INTERVAL  seconds between the engine's execd probes in each sandbox     10
+                           (engine.healthcheck; 0: no probe, a dead execd is found at the next bind)
     CORRAL_LOG_LEVEL       info
     DOCKER_HOST            the engine (default: the local socket)
 SIGHUP reloads the pools file (the DockerStack component sends it after rewriting the file).
@@ -65,6 +67,17 @@ def _max_batch() -> int:
     return int(raw)
 
 
+def _health_interval() -> float:
+    raw = os.environ.get("CORRAL_SANDBOX_HEALTH_INTERVAL") or str(engine.HEALTH_INTERVAL)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value == 0 or 1 <= value <= 3600):
+        sys.exit(f"corral operator: CORRAL_SANDBOX_HEALTH_INTERVAL must be 0 or seconds in 1..3600, not {raw!r}")
+    return value
+
+
 async def serve() -> None:
     logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -74,7 +87,8 @@ async def serve() -> None:
     stack = os.environ.get("CORRAL_STACK", desired.stack)
     state = Path(os.environ.get("CORRAL_STATE_DIR", "/var/lib/corral"))
     tar, key = _execd_bundle()
-    settings = Settings(stack=stack, execd_tar=tar, execd_key=key, max_batch=_max_batch())
+    settings = Settings(stack=stack, execd_tar=tar, execd_key=key, max_batch=_max_batch(),
+                        health_interval=_health_interval())
     store = Store(state / "corral.db")
     client = engine.connect(os.environ.get("DOCKER_HOST"))
     runtime = DockerRuntime(settings, desired, store, client)

@@ -127,7 +127,7 @@ class PoolsMixin:
             addr = await self.run(engine.create_sandbox, self.client, stack=self.s.stack, name=row.name, tmpl=tmpl,
                                   image=row.image or tmpl.image, token=token,
                                   execd_volume=self.execd_volume, pool=row.pool, pool_kind=row.pool_kind,
-                                  op="create")
+                                  health_interval=self.s.health_interval, op="create")
             await self.run(self.store.update_sandbox, row.name, container_id=addr["id"], ip=addr["ip"],
                            host_port=addr["host_port"])
             await self._wait_healthy(row.name, addr["ip"], tmpl.execd_port)

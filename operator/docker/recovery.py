@@ -1,5 +1,6 @@
-"""Recovery of the Docker runtime: the engine's container events (die/destroy/oom of this stack's sandboxes) and a
-full resync from the engine and the store at start-up and whenever the event stream comes back (dockerd restarted)."""
+"""Recovery of the Docker runtime: the engine's container events (die/destroy/oom of this stack's sandboxes, and
+`health_status: unhealthy` when the engine's probe finds execd gone: engine.healthcheck) and a full resync from the
+engine and the store at start-up and whenever the event stream comes back (dockerd restarted)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ class RecoveryMixin:
     """Part of DockerRuntime (runtime.py): the attributes used here are set up there."""
 
     def _watch_events(self) -> None:
-        """Container die/destroy events of this stack's sandboxes; on a broken stream (dockerd restarted) reconnect
-        and resync everything from the engine and the store."""
+        """Container die/destroy/oom and health events of this stack's sandboxes; on a broken stream (dockerd
+        restarted) reconnect and resync everything from the engine and the store."""
         backoff, first = 0.5, True
         while not self._stopping.is_set():
             try:
@@ -31,14 +32,21 @@ class RecoveryMixin:
                     asyncio.run_coroutine_threadsafe(self.resync(wake=True), self._loop).result(timeout=600)
                 first = False
                 stream = self.client.events(since=since, decode=True, filters={
-                    "type": "container", "event": ["die", "destroy", "oom"],
+                    # "health_status" matches "health_status: <status>" (the engine's filter is fuzzy for it)
+                    "type": "container", "event": ["die", "destroy", "oom", "health_status"],
                     "label": [f"{engine.L_STACK}={self.s.stack}", f"{engine.L_ROLE}=sandbox"]})
                 backoff = 0.5
                 for ev in stream:
                     if self._stopping.is_set():
                         return
                     name = (ev.get("Actor") or {}).get("Attributes", {}).get("name")
-                    if name and self._loop:
+                    action = ev.get("Action") or ev.get("status") or ""
+                    if not name or not self._loop:
+                        continue
+                    if action.startswith("health_status"):
+                        if action.endswith("unhealthy"):
+                            self._loop.call_soon_threadsafe(lambda n=name: self.spawn(self._on_unhealthy(n)))
+                    else:
                         self._loop.call_soon_threadsafe(lambda n=name: self.spawn(self._on_gone(n)))
             except Exception as exc:  # noqa: BLE001 - the engine went away; retry
                 log.warning("docker events stream broke (%s); reconnecting", exc)
@@ -60,6 +68,24 @@ class RecoveryMixin:
         if running in ("running", "paused"):
             return
         await self._lose(row, "the sandbox container exited")
+
+    async def _on_unhealthy(self, name: str) -> None:
+        """The engine's probe found nothing listening on execd's port, HEALTH_RETRIES times an interval apart: its
+        supervisor and server are gone. An idle sandbox leaves the pool in one conditional write (it cannot be bound
+        from then on) and is replaced; a claimed one goes through the same check as a proxied call that could not
+        connect (execd_unreachable: silent for EXECD_GONE s -> claim Failed, sandbox replaced). Other states are
+        starting, recycling or on their way out, and are checked there."""
+        row = await self.run(self.store.sandbox, name)
+        if row is None or row.state != "ready":
+            return
+        if row.claim is None:
+            if await self.run(self.store.retire_idle, name):
+                log.warning("idle sandbox %s: execd is gone (the engine's health probe); replacing it", name)
+                await self._delete_sandbox(name)
+                return
+            row = await self.run(self.store.sandbox, name)  # bound meanwhile: its claim's check decides
+        if row is not None and row.state == "ready" and row.claim:
+            self.execd_unreachable(row.claim)
 
     async def _lose(self, row: SandboxRow, why: str) -> None:
         if row.claim:
@@ -92,6 +118,8 @@ class RecoveryMixin:
                     await self.run(self.store.remove_sandbox, row.name)
                 else:
                     await self._lose(row, "the sandbox container is gone (engine restarted or removed)")
+            elif engine.health_of(c.attrs) == "unhealthy":  # the event went by while the stream was down
+                await self._on_unhealthy(row.name)
         for c in await self.run(self.store.claims, phases=("Pending",)):
             if c.sandbox and await self.run(self.store.sandbox, c.sandbox):
                 continue

@@ -54,6 +54,7 @@ class Settings:
     max_cold_creates: int = 8           # concurrent cold starts for claims
     max_pool_creates: int = 4           # concurrent creates per pool batch (after slow start)
     threads: int = 48
+    health_interval: float = engine.HEALTH_INTERVAL  # the engine's execd probe in each sandbox; 0: none
 
 
 def admission(req: ClaimRequest, tmpl: DockerTemplate) -> Refusal | None:

@@ -169,6 +169,13 @@ class Store:
         with self.tx() as db:
             db.execute(f"UPDATE sandboxes SET {cols} WHERE name=?", (*values.values(), name))
 
+    def retire_idle(self, name: str) -> bool:
+        """An idle, ready sandbox goes to `deleting` in one conditional write, so no claim can adopt it from then on;
+        False if it is not idle and ready any more (a claim took it first)."""
+        with self.tx() as db:
+            return db.execute("UPDATE sandboxes SET state='deleting' WHERE name=? AND state='ready' AND claim IS NULL",
+                              (name,)).rowcount == 1
+
     def remove_sandbox(self, name: str) -> None:
         with self.tx() as db:
             db.execute("DELETE FROM sandboxes WHERE name=?", (name,))

@@ -1,6 +1,7 @@
 """docker tier: execd in a claimed sandbox survives being killed by the sandbox's own code, a sandbox whose execd
-stays gone is reported and replaced (its claim never stays Ready), the execd token is in no environment the
-sandbox's code can read nor in the container's config, and a recycled sandbox refuses its former claim's token."""
+stays gone is reported and replaced (its claim never stays Ready; an idle one is found by the engine's health probe
+and replaced before any claim), the execd token is in no environment the sandbox's code can read nor in the
+container's config, and a recycled sandbox refuses its former claim's token."""
 
 from __future__ import annotations
 
@@ -98,6 +99,32 @@ def test_sandbox_whose_execd_stays_gone_is_failed_and_replaced(make_operator):
             assert time.monotonic() < deadline, "the sandbox whose execd is gone was not removed"
             time.sleep(0.5)
         op.wait_idle("shell", 1)
+
+
+def test_idle_sandbox_whose_execd_is_killed_is_replaced_and_never_bound(make_operator):
+    op = make_operator(warm={"shell": 1})
+    op.wait_idle("shell", 1)
+    [dead] = op.containers(**{"corral.dev/pool": "shell"})
+    assert engine.health_of(dead.attrs) in ("starting", "healthy"), dead.attrs["State"]  # the engine probes it
+    # execd's supervisor and server, killed as the sandbox's own code (its user, no capabilities) could
+    out = dead.exec_run(["/bin/sh", "-c", f"kill -9 $({EXECD_PIDS})"])
+    assert out.exit_code == 0, out.output
+    assert dead.exec_run(["/bin/sh", "-c", EXECD_PIDS]).output.strip() == b""
+    killed = time.monotonic()
+    # the probe fails HEALTH_RETRIES times an interval apart, then the runtime acts on the event at once
+    bound = engine.HEALTH_INTERVAL * (engine.HEALTH_RETRIES + 1) + 20
+    with op.http(timeout=60) as http:
+        while op.containers(**{"corral.dev/sandbox": dead.name}):
+            assert time.monotonic() - killed < bound, f"idle sandbox with a dead execd still there after {bound} s"
+            assert http.get("/v1/claims").json()["items"] == [], "no claim was made"
+            time.sleep(0.5)
+        assert f"idle sandbox {dead.name}: execd is gone" in op.log(), op.log()[-3000:]
+        op.wait_idle("shell", 1)  # replaced
+        [fresh] = op.containers(**{"corral.dev/pool": "shell"})
+        assert fresh.name != dead.name
+        c = http.post("/v1/claims", json={"pool": "shell", "name": "after"}).json()
+        assert c["phase"] == "Ready" and c["launchType"] == "warm" and c["sandbox"]["name"] == fresh.name, c
+        assert run(http, "after", "echo ok")["stdout"] == "ok\n"
 
 
 def test_token_in_no_readable_environ_nor_in_the_container_config(make_operator):

@@ -107,6 +107,21 @@ def test_finish_cold(store):
     assert store.sandbox(s2.name).state == "releasing"
 
 
+def test_retiring_an_idle_sandbox_takes_it_out_of_adoption(store):
+    """An idle sandbox the engine found without execd leaves the pool in one write: no later claim adopts it, and a
+    sandbox a claim took first is not retired (its claim's check decides)."""
+    ready(store, 2)
+    assert store.retire_idle("p-0") and store.sandbox("p-0").state == "deleting"
+    claim, sandbox, _ = store.adopt(ClaimRow(name="c", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                                    order, None)
+    assert sandbox is not None and sandbox.name == "p-1"
+    assert not store.retire_idle("p-1") and store.sandbox("p-1").state == "ready"  # claimed
+    assert not store.retire_idle("p-0") and not store.retire_idle("nope")
+    _, none, _ = store.adopt(ClaimRow(name="d", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                             order, None)
+    assert none is None
+
+
 def test_docker_template_from_the_catalogue():
     t = docker_template("python", catalogue.render("python", {"memory": "1Gi"}).to_k8s(), network="n")
     assert t.image == "corral/python:bookworm" and t.command == ["sleep", "infinity"]
