@@ -43,6 +43,11 @@ class PoolSpec(Model):
         description="On release: Delete the sandbox, Restart its pod fresh, or Noop (return it to the pool as is).",
     )
     max_unavailable: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="Most sandboxes deleted at once on scale-down.")
+    readiness_grace_seconds: int = Field(
+        default=300, ge=10, le=86400,
+        description="An idle sandbox unready for longer than this (since it was made, or since it turned unready) "
+                    "is replaced.",
+    )
 
 
 class PoolStatus(Model):

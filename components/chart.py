@@ -65,6 +65,9 @@ CLUSTER_RULES: tuple[Rule, ...] = (
          ("",), ("persistentvolumeclaims",), ("get", "create", "delete")),
     Rule("the Sandbox reconciler creates the optional per-sandbox Service",
          ("",), ("services",), ("get", "create", "delete")),
+    Rule("the Sandbox reconciler creates one execd key Secret per sandbox namespace, mounted into sandbox init "
+         "containers only (create only: the operator derives the key, it never reads, changes or lists Secrets)",
+         ("",), ("secrets",), ("create",)),
     Rule("the SandboxTemplate reconciler owns one NetworkPolicy per template (Managed) and deletes only its own "
          "(Unmanaged)", ("networking.k8s.io",), ("networkpolicies",), ("get", "create", "patch", "delete")),
     Rule("kopf reports handler failures as Events on the object", ("", "events.k8s.io"), ("events",),
@@ -89,7 +92,7 @@ def _meta(name: str, namespace: str | None, labels: dict[str, str]) -> dict[str,
 
 def rbac(fullname: str, namespace: str, service_account: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     """ClusterRole + ClusterRoleBinding of the operator's ServiceAccount. Cluster-wide because sandboxes live in any
-    namespace; it grants nothing on Secrets, ConfigMaps, nodes, RBAC or workloads other than pods."""
+    namespace; it grants nothing on ConfigMaps, nodes, RBAC or workloads other than pods, and on Secrets only create."""
     return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
          "metadata": _meta(fullname, None, labels), "rules": cluster_rules()},

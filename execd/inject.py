@@ -21,6 +21,8 @@ MOUNT = "/corral/execd"  # where the sandbox container sees the bundle on Kubern
 TOKEN_VOLUME = "corral-execd-token"
 TOKEN_MOUNT = "/corral/execd-token"  # a memory-backed emptyDir holding the token file until execd deletes it
 TOKEN_FILE = f"{TOKEN_MOUNT}/token"
+KEY_VOLUME = "corral-execd-key"
+KEY_MOUNT = "/corral/execd-key"  # the namespace's key Secret, mounted into the init container alone
 EXECUTABLE = "execd"
 
 
@@ -84,6 +86,24 @@ def k8s_token_volume(init: dict[str, Any], env: list[dict[str, Any]], token: str
         _token_to_file(init, env, {"value": token})
     return ({"name": TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
             {"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT})
+
+
+def k8s_key_secret(init: dict[str, Any], env: list[dict[str, Any]], secret: str, key: str = "key"
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(volumes, volumeMount for the sandbox container) so that the init container derives execd's first token itself
+    (server.bootstrap_token) from the key in Secret `secret` (mounted into the init container alone) and the pod's
+    namespace, name and uid (downward API): no token in the pod spec, in any environment or in a file the sandbox
+    container can read once execd has taken it."""
+    init["command"].append(TOKEN_FILE)
+    init["env"] = [{"name": "CORRAL_EXECD_KEY_FILE", "value": f"{KEY_MOUNT}/{key}"}] + [
+        {"name": f"CORRAL_EXECD_POD_{part}", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.{field}"}}}
+        for part, field in (("NAMESPACE", "namespace"), ("NAME", "name"), ("UID", "uid"))]
+    init["volumeMounts"].extend([{"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT},
+                                 {"name": KEY_VOLUME, "mountPath": KEY_MOUNT, "readOnly": True}])
+    env.append({"name": "CORRAL_EXECD_TOKEN_FILE", "value": TOKEN_FILE})
+    volumes = [{"name": TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+               {"name": KEY_VOLUME, "secret": {"secretName": secret, "items": [{"key": key, "path": key}]}}]
+    return volumes, {"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT}
 
 
 def wrap_entrypoint(entrypoint: list[str], *, mount_path: str = MOUNT) -> list[str]:

@@ -9,14 +9,35 @@ from collections.abc import Callable, MutableMapping
 ENV_PREFIX = "CORRAL_EXECD_"  # settings.ENV_PREFIX; not imported, so the supervisor process never loads pydantic
 
 
+def bootstrap_token(key: str, namespace: str, pod: str, pod_uid: str) -> str:
+    """A Kubernetes sandbox's idle token: HMAC(namespace key, namespace/pod/pod uid). The init container derives it
+    from the key (a Secret mounted into it alone) and the pod's identity (downward API); the operator derives the
+    same from its own secret (corral.operator.tokens). A new pod (a restart, a repair) gets a new one."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key.encode(), f"corral/bootstrap/{namespace}/{pod}/{pod_uid}".encode(), hashlib.sha256).hexdigest()
+
+
 def write_token(path: str) -> None:
-    """`execd install DEST TOKEN_FILE`: the initContainer hands CORRAL_EXECD_TOKEN (its own env only) to the sandbox
-    container's execd as a file readable by the pod's uid alone, which execd deletes once read (take_token)."""
+    """`execd install DEST TOKEN_FILE`: the initContainer hands the sandbox container's execd its first token as a
+    file readable by the pod's uid alone, which execd deletes once read (take_token). The token is
+    CORRAL_EXECD_TOKEN if set (the init container's own env), else derived (`bootstrap_token`) from the key in
+    CORRAL_EXECD_KEY_FILE and CORRAL_EXECD_POD_{NAMESPACE,NAME,UID}, so no pod spec holds it."""
     import os
 
+    token = os.environ.get(ENV_PREFIX + "TOKEN", "")
+    key_file = os.environ.get(ENV_PREFIX + "KEY_FILE", "")
+    if not token and key_file:
+        with open(key_file) as f:
+            key = f.read().strip()
+        ident = [os.environ.get(ENV_PREFIX + f"POD_{part}", "") for part in ("NAMESPACE", "NAME", "UID")]
+        if not key or not all(ident):
+            raise SystemExit(f"corral-execd: empty key in {key_file} or pod identity missing: {ident}")
+        token = bootstrap_token(key, *ident)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o400)
     with os.fdopen(fd, "w") as f:
-        f.write(os.environ.get(ENV_PREFIX + "TOKEN", ""))
+        f.write(token)
 
 
 def install(dest: str, token_file: str | None = None) -> int:

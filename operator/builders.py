@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import hmac
 import json
 from typing import Any
 
 from corral.api import SandboxBlueprint
 from corral.api.template import SandboxTemplateSpec
-from corral.execd.inject import k8s_init_container, k8s_token_volume, wrap_entrypoint
+from corral.execd.inject import k8s_init_container, k8s_key_secret, wrap_entrypoint
 from corral.execd.wire import HEALTH_PATH
 
 from .constants import (
@@ -32,11 +31,6 @@ def blueprint_hash(blueprint: SandboxBlueprint | dict[str, Any]) -> str:
     data = blueprint.to_k8s() if isinstance(blueprint, SandboxBlueprint) else blueprint
     normalized = SandboxBlueprint.model_validate({k: v for k, v in data.items() if k in BLUEPRINT_KEYS}).to_k8s()
     return hashlib.sha256(json.dumps(normalized, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def execd_token(secret: bytes, namespace: str, sandbox: str, uid: str) -> str:
-    """The per-sandbox execd token, derived so the operator never stores it: HMAC(secret, ns/name/uid)."""
-    return hmac.new(secret, f"{namespace}/{sandbox}/{uid}".encode(), hashlib.sha256).hexdigest()
 
 
 def owner_ref(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:
@@ -123,7 +117,7 @@ def pod_manifest(
     sandbox: dict[str, Any],
     *,
     execd_image: str,
-    token: str,
+    key_secret: str,
     extra_labels: dict[str, str] | None = None,
     extra_annotations: dict[str, str] | None = None,
     env: list[dict[str, str]] | None = None,
@@ -132,9 +126,10 @@ def pod_manifest(
 
     execd is copied by an init container into an emptyDir and started in the main container in front of the
     original command (corral.execd.inject), so commands run in the sandbox's own filesystem. Its health
-    endpoint (corral.execd.wire.HEALTH_PATH, no token) is the readiness probe. The token reaches execd through the
-    init container (its env) and a memory-backed file execd deletes once read: the sandbox container's spec and
-    environment never hold it (inject.k8s_token_volume). Secure defaults (each overridable by the template): no service-account token,
+    endpoint (corral.execd.wire.HEALTH_PATH, no token) is the readiness probe. execd's first (idle) token is derived
+    by the init container from the namespace's key Secret `key_secret`, mounted into the init container alone, and
+    the pod's identity, then handed over in a memory-backed file execd deletes once read: no token in the pod spec or
+    any environment (inject.k8s_key_secret, corral.operator.tokens). Secure defaults (each overridable by the template): no service-account token,
     non-root (uid 1000), seccomp RuntimeDefault, no privilege escalation, all capabilities dropped.
     """
     meta = sandbox["metadata"]
@@ -163,9 +158,9 @@ def pod_manifest(
     psc.setdefault("seccompProfile", {"type": "RuntimeDefault"})
 
     init, volume, mount, execd_env = k8s_init_container(execd_image, port=port, resources=resources or None)
-    token_volume, token_mount = k8s_token_volume(init, execd_env, token)  # the init container's env, never main's
+    token_volumes, token_mount = k8s_key_secret(init, execd_env, key_secret)  # the key: the init container's alone
     volumes = pod_spec.setdefault("volumes", [])
-    volumes.extend([volume, token_volume])
+    volumes.extend([volume, *token_volumes])
     for vct in spec.get("volumeClaimTemplates") or []:
         volumes.append({"name": vct["name"], "persistentVolumeClaim": {"claimName": f"{meta['name']}-{vct['name']}"}})
     pod_spec.setdefault("initContainers", []).insert(0, init)

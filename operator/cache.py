@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from .constants import A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE
+from .constants import A_CLAIM_UID, A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE
 from .planning import Member
 
 
@@ -51,7 +51,14 @@ def member_of(body: dict[str, Any]) -> Member:
         endpoint=status.get("endpoint"),
         launch_type=(meta.get("annotations") or {}).get(A_LAUNCH),
         suspended=spec.get("operatingMode") == "Suspended",
+        claim_uid=(meta.get("annotations") or {}).get(A_CLAIM_UID) if labels.get(L_CLAIM) else None,
+        unready_since=_unready_since(status.get("conditions")),
     )
+
+
+def _unready_since(conditions: list[dict[str, Any]] | None) -> float:
+    ready = next((c for c in conditions or [] if c.get("type") == "Ready"), None)
+    return _ts(ready.get("lastTransitionTime")) if ready and ready.get("status") != "True" else 0.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,11 @@ class Cache:
         idx = self._idx.get(INDEX[kind]) or {}
         return [v for key in list(idx) if len(key) == 2 and key[0] == ns for v in idx[key]
                 if not self.hidden or uid_of(v) not in self.hidden]
+
+    def any_in(self, kind: str, ns: str) -> bool:
+        """Whether the index holds any object of `kind` in `ns` (stops at the first)."""
+        idx = self._idx.get(INDEX[kind]) or {}
+        return any(len(key) == 2 and key[0] == ns and idx[key] for key in list(idx))
 
     def all_objects(self, kind: str) -> list[Any]:
         """Every object of a kind in every namespace."""

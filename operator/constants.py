@@ -23,6 +23,7 @@ L_COMPONENT = "app.kubernetes.io/component"
 # Annotations.
 A_LAUNCH = f"{GROUP}/launch-type"         # Warm | Cold, set on adoption / cold create
 A_RELEASED = f"{GROUP}/released"          # set when a pool sandbox returns from a claim
+A_CLAIM_UID = f"{GROUP}/claim-uid"        # the uid of the claim a sandbox is bound to (its execd token derives from it)
 A_RETAINED_FROM = f"{GROUP}/retained-from"  # on a retained Sandbox: the claim it was retained from,
 A_RETAINED_POOL = f"{GROUP}/retained-pool"  # that claim's pool (the pool labels are removed),
 A_RETAINED_AT = f"{GROUP}/retained-at"      # and when (RFC 3339)

@@ -117,6 +117,10 @@ class Context:
     # (kind, ns, pool) -> wall time of its last status write
     status_written: dict[tuple[str, str, str], float] = field(default_factory=dict)
     _http: httpx.AsyncClient | None = None
+    # (ns, sandbox) -> (pod uid, claim uid) whose claim token this process put into that pod's execd (tokens.py)
+    installed: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # namespaces whose execd key Secret this process has created (or found): one create per namespace
+    key_secrets: set[str] = field(default_factory=set)
     # namespace -> when a create in it was refused because it is being deleted (see `terminating_since`)
     terminating: dict[str, float] = field(default_factory=dict)
     # namespace -> the lost-pod repair in flight there, that the others wait for (see `pod_repair`)
@@ -152,6 +156,7 @@ class Context:
     def namespace_terminating(self, ns: str, now: float) -> None:
         """A create in `ns` was refused: the namespace is being deleted (its sandboxes' pods are going first)."""
         self.terminating.setdefault(ns, now)
+        self.key_secrets.discard(ns)  # its execd key Secret goes with it
         for other, since in list(self.terminating.items()):
             if now - since > 600:  # long gone (or re-created: newer sandboxes are never skipped anyway)
                 del self.terminating[other]

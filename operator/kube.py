@@ -24,7 +24,7 @@ from lightkube.config.client_adapter import verify_cluster
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import Status
 from lightkube.operators import exists
-from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod, Service
+from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.types import CascadeType, PatchType
 
@@ -40,7 +40,7 @@ SandboxClaimRes = create_namespaced_resource(GROUP, VERSION, "SandboxClaim", "sa
 RESOURCES = {
     "SandboxTemplate": SandboxTemplateRes, "Sandbox": SandboxRes, "WarmPool": WarmPoolRes, "Pool": PoolRes,
     "SandboxClaim": SandboxClaimRes, "Pod": Pod, "PersistentVolumeClaim": PersistentVolumeClaim,
-    "Service": Service, "NetworkPolicy": NetworkPolicy,
+    "Service": Service, "NetworkPolicy": NetworkPolicy, "Secret": Secret,
 }
 WRITE_VERBS = {"create", "patch", "delete", "update"}
 

@@ -39,6 +39,8 @@ class Member:
     endpoint: str | None = None
     launch_type: str | None = None
     suspended: bool = False
+    claim_uid: str | None = None
+    unready_since: float = 0.0  # when its Ready condition last turned False (0: ready, or not known)
 
 
 @dataclass
@@ -65,6 +67,17 @@ class SlowStart:
 
     def reset(self) -> None:
         self.size = 1
+
+
+def unready_from(m: Member) -> float:
+    """Since when a sandbox has been unready: its creation, or the moment it turned unready after being ready (an
+    execd that died for good fails the pod's readiness probe long after the pod was made)."""
+    return max(m.created, m.unready_since)
+
+
+def stuck_members(idle: Iterable[Member], now: float, grace: float | None) -> list[Member]:
+    """Idle sandboxes unready for longer than `grace` since they turned unready (None: never)."""
+    return [] if grace is None else [m for m in idle if lifecycle.stuck(unready_from(m), m.ready, now, grace)]
 
 
 def slow_start(n: int, cap: int = MAX_BATCH) -> list[int]:
@@ -116,7 +129,7 @@ def plan_warm_pool(
     stay claimable and are replaced as they are claimed.
     """
     plan = Plan()
-    stuck = [m for m in idle if lifecycle.stuck(m.created, m.ready, now, readiness_grace)]
+    stuck = stuck_members(idle, now, readiness_grace)
     stale = [m for m in idle if strategy == "Recreate" and current_hash and m.blueprint_hash != current_hash]
     doomed = {m.name: m for m in [*stuck, *stale]}
     if stuck:
@@ -146,10 +159,19 @@ def plan_pool(
     terminating: int,
     expected_creates: int,
     current_hash: str | None,
+    now: float = 0.0,
+    readiness_grace: float | None = None,
 ) -> Plan:
     """OpenSandbox Pool capacity: idle buffer in [bufferMin, bufferMax], total in [poolMin, poolMax], counting
-    pending creates and terminating sandboxes; deletes per round bounded by maxUnavailable (minus in-flight)."""
+    pending creates and terminating sandboxes; deletes per round bounded by maxUnavailable (minus in-flight).
+    Idle sandboxes unready past `readiness_grace` are replaced first (deleted, counted as terminating until gone)."""
     plan = Plan()
+    doomed = stuck_members(idle, now, readiness_grace)[:max(0, max_unavailable - terminating)]
+    if doomed:
+        plan.delete = deletion_order(doomed, current_hash)
+        plan.reasons.append(f"{len(doomed)} stuck unready > {readiness_grace:.0f}s")
+        idle = [m for m in idle if m not in doomed]
+        terminating += len(doomed)
     n_idle = len(idle) + expected_creates
     total = allocated + n_idle + terminating
     create = max(0, buffer_min - n_idle, pool_min - total)
@@ -160,7 +182,7 @@ def plan_pool(
     surplus = max(0, n_idle - buffer_max, total - pool_max)
     surplus = min(surplus, len(idle), max(0, total - terminating - pool_min))
     surplus = min(surplus, max(0, max_unavailable - terminating))
-    plan.delete = deletion_order(idle, current_hash)[:surplus]
+    plan.delete = [*plan.delete, *deletion_order(idle, current_hash)[:surplus]]
     return plan
 
 

@@ -19,7 +19,8 @@ operator must watch that namespace (it watches all by default).
                 empty list that suggests snapshots exist elsewhere in this mode).
     retained -> Sandboxes kept after their claim ended (builders.is_retained: marked by the operator's Retain path),
                 from the index; delete removes one such Sandbox (its pod and PVCs go with it), nothing else.
-    execd    -> the bound sandbox's pod IP, its execd port and the HMAC token the operator derives for it.
+    execd    -> the bound sandbox's pod IP, its execd port and the claim's own token (put into execd on first use:
+                reconcile/handover.py; derived, see corral.operator.tokens).
 
 The HTTP server around it, in the operator's event loop, is kube_server.py.
 """
@@ -41,13 +42,14 @@ from lightkube import ApiError
 
 from corral.api import PoolSpec, WarmPoolSpec
 
-from ..builders import execd_token, is_retained
+from ..builders import is_retained
 from ..cache import member_of
 from ..core import lifecycle as deadlines
 from ..core import vocabulary as vocab
 from ..constants import A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_POOL, L_TEMPLATE
 from ..kube import RESOURCES, status_code
 from ..planning import Member, pool_desired
+from ..reconcile.handover import ExecdUnreachable, hand_over
 from .backend import BackendError, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
 from .models import Claim, ClaimRequest, PoolStatus, RetainedSandbox, SandboxRef, Snapshot, SnapshotRequest
 
@@ -68,6 +70,13 @@ NOT_SUPPORTED = {
 
 class NotSupported(BackendError):
     status, code = 400, "not_supported"
+
+
+class SandboxUnreachable(BackendError):
+    """The claim's execd could not be given the claim's token (it does not answer): what the proxy says when it
+    cannot connect."""
+
+    status, code = 502, "sandbox_unreachable"
 
 
 class ClaimFailed(BackendError):
@@ -399,8 +408,14 @@ class KubeBackend:
         if not m.ready or not ip:
             raise Unavailable(f"claim {name}: sandbox {sandbox_name} is not ready ({m.phase or 'no pod yet'})")
         host = f"[{ip}]" if ":" in ip else ip
-        return ExecdTarget(url=f"http://{host}:{port}",
-                           token=execd_token(self.ctx.token_key, self.ns, sandbox_name, m.uid))
+        url = f"http://{host}:{port}"
+        if pod is None:
+            raise Unavailable(f"claim {name}: the pod of sandbox {sandbox_name} is not known yet; retry")
+        try:  # the claim's own token, put into execd on first use (a dict lookup after that)
+            token = await hand_over(self.ctx, self.ns, sandbox_name, m.uid, pod.uid, url, body["metadata"]["uid"])
+        except ExecdUnreachable as exc:
+            raise SandboxUnreachable(f"claim {name}: {exc}") from None
+        return ExecdTarget(url=url, token=token)
 
     @active_replica
     async def list_pools(self) -> list[PoolStatus]:

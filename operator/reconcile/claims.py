@@ -16,9 +16,9 @@ import httpx
 
 from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec, validate
 
-from ..builders import execd_token, owner_ref, retain_patch, sandbox_labels, sandbox_manifest
+from ..builders import owner_ref, retain_patch, sandbox_labels, sandbox_manifest
 from ..cache import _ts
-from ..constants import A_LAUNCH, L_CLAIM
+from ..constants import A_CLAIM_UID, A_LAUNCH, L_CLAIM
 from ..context import Context
 from ..core import lifecycle, metrics
 from ..core import vocabulary as v
@@ -26,6 +26,7 @@ from ..core.admission import Refusal, admit_claim, template_env_names
 from ..kube import ignore, status_code
 from ..planning import Member, adoption_candidates
 from .conditions import now_iso, set_condition
+from .handover import ExecdUnreachable, hand_over, take_back
 
 log = logging.getLogger("corral.operator.claim")
 
@@ -141,7 +142,7 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
     if sandbox is not None or bound_name:
         if sandbox is not None and sandbox.ready:
             if env and sandbox.launch_type == v.WARM:
-                await _inject_env(ctx, sandbox, env)  # idempotent: covers a restart between adoption and binding
+                await _inject_env(ctx, body, sandbox, env)  # idempotent: covers a restart between adoption and binding
             await _bind(ctx, body, sandbox, sandbox.launch_type or v.COLD, pool_name, first)
         elif now >= deadline:
             raise ClaimError(v.R_TIMEOUT, f"sandbox {sandbox.name if sandbox else bound_name} was not ready "
@@ -156,7 +157,7 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
         adopted = await _adopt(ctx, body, kind, pool_name, bp_hash)
         if adopted is not None:
             if env:
-                await _inject_env(ctx, adopted, env)
+                await _inject_env(ctx, body, adopted, env)
             if spec.additional_pod_metadata.labels or spec.additional_pod_metadata.annotations:
                 md = spec.additional_pod_metadata
                 await ignore({404}, ctx.kube.patch("Pod", adopted.name, ns, {"metadata": {
@@ -191,7 +192,7 @@ async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_ha
         patch: dict[str, Any] = {"metadata": {
             "resourceVersion": m.resource_version,
             "labels": {L_CLAIM: name},
-            "annotations": {A_LAUNCH: v.WARM},
+            "annotations": {A_LAUNCH: v.WARM, A_CLAIM_UID: meta["uid"]},  # its execd token derives from it
         }}
         if kind == "WarmPool":  # the claim owns it from now on: deleting the claim deletes the sandbox
             patch["metadata"]["ownerReferences"] = [owner_ref(body)]
@@ -209,17 +210,21 @@ async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_ha
     return None
 
 
-async def _inject_env(ctx: Context, m: Member, env: list[dict[str, str]]) -> None:
-    if not m.endpoint:
+async def _inject_env(ctx: Context, body: dict[str, Any], m: Member, env: list[dict[str, str]]) -> None:
+    """The claim's env into its warm sandbox's execd, which takes the claim's token first (handover.py)."""
+    pod = ctx.cache.pod(m.namespace, m.name)
+    if not m.endpoint or pod is None:
         raise ClaimError(v.R_ENV_INJECTION_FAILED, f"sandbox {m.name} has no execd endpoint")
-    token = execd_token(ctx.token_key, m.namespace, m.name, m.uid)
     try:
+        token = await hand_over(ctx, m.namespace, m.name, m.uid, pod.uid, f"http://{m.endpoint}",
+                                body["metadata"]["uid"])
         resp = await ctx.http().put(f"http://{m.endpoint}/v1/env",
                                     json={"env": {e["name"]: e.get("value", "") for e in env}, "merge": True},
                                     headers={"Authorization": f"Bearer {token}"}, timeout=5)
         resp.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise ClaimError(v.R_ENV_INJECTION_FAILED, f"could not set env in sandbox {m.name} through execd: {exc}") from None
+    except (httpx.HTTPError, ExecdUnreachable) as exc:
+        raise ClaimError(v.R_ENV_INJECTION_FAILED,
+                         f"could not set env in sandbox {m.name} through execd: {exc}") from None
 
 
 async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool: str, first_seen: float) -> None:
@@ -293,7 +298,7 @@ async def _cold_create(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpe
         owner = owner_ref(body)
     sandbox_name = f"{name}-{meta['uid'][:5]}"
     manifest = sandbox_manifest(name=sandbox_name, namespace=ns, template_name=tname, blueprint=blueprint,
-                                labels=labels, owner=owner, annotations={A_LAUNCH: v.COLD})
+                                labels=labels, owner=owner, annotations={A_LAUNCH: v.COLD, A_CLAIM_UID: meta["uid"]})
     await ignore({409}, ctx.kube.create(manifest))
     ctx.bound[(ns, name)] = sandbox_name
     return sandbox_name
@@ -338,6 +343,7 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
         ctx.request_at("SandboxClaim", ns, name, shutdown)
         return
     if policy == "Retain":
+        await take_back(ctx, ns, sandbox.name, sandbox.uid, sandbox.claim_uid)  # the claim's token dies with it
         patch = retain_patch(name, spec.pool_ref.name, now_iso())
         await ignore({404}, ctx.kube.patch("Sandbox", sandbox.name, ns, patch))
         await finish(ctx, body, v.FINISHED, v.R_SHUTDOWN_TIME, f"shutdownTime reached; sandbox {sandbox.name} retained")

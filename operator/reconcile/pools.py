@@ -11,12 +11,13 @@ from corral.api import CorralValidationError, PoolSpec, WarmPoolSpec, validate
 
 from ..builders import owner_ref, sandbox_labels, sandbox_manifest
 from ..cache import _ts
-from ..constants import L_CLAIM, L_POOL, L_POOL_KIND
+from ..constants import A_CLAIM_UID, L_CLAIM, L_POOL, L_POOL_KIND
 from ..context import Context
 from ..core import lifecycle, metrics
 from ..kube import ignore, status_code
-from ..planning import Member, plan_pool, plan_warm_pool, pool_desired, slow_start
+from ..planning import Member, plan_pool, plan_warm_pool, pool_desired, slow_start, unready_from
 from .conditions import condition, differs, set_condition
+from .handover import take_back
 
 log = logging.getLogger("corral.operator.pool")
 
@@ -148,9 +149,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
                                      ctx.settings.max_batch, f"warmpool {ns}/{name}")
 
     # Wake up when an unready sandbox would pass its readiness grace.
-    unready = [lifecycle.grace_deadline(m.created, lifecycle.readiness_grace(spec)) for m in idle if not m.ready]
-    if unready:
-        ctx.request_at("WarmPool", ns, name, min(unready) + 0.5)
+    _wake_at_grace(ctx, "WarmPool", ns, name, idle, spec)
 
     kept = [m for m in idle if m not in plan.delete]
     ready = sum(1 for m in kept if m.ready)
@@ -251,10 +250,11 @@ async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
     cap = spec.capacity
     plan = plan_pool(buffer_min=cap.buffer_min, buffer_max=cap.buffer_max, pool_min=cap.pool_min,
                      pool_max=cap.pool_max, max_unavailable=spec.max_unavailable, idle=idle, allocated=allocated,
-                     terminating=terminating, expected_creates=expected, current_hash=bp_hash)
+                     terminating=terminating, expected_creates=expected, current_hash=bp_hash, now=time.time(),
+                     readiness_grace=lifecycle.readiness_grace(spec))
     error: Exception | None = None
     if plan.delete:
-        log.info("pool %s/%s: deleting %d idle", ns, name, len(plan.delete))
+        log.info("pool %s/%s: deleting %d idle (%s)", ns, name, len(plan.delete), "; ".join(plan.reasons) or "surplus")
         _, error = await delete_batches(ctx, plan.delete, min(ctx.settings.max_batch, spec.max_unavailable))
     if plan.create:
         log.info("pool %s/%s: creating %d", ns, name, plan.create)
@@ -284,9 +284,18 @@ async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
         for c in ctx.cache.claims_for(ns, "Pool", name):
             if (c.get("status") or {}).get("phase") == "Pending":
                 ctx.request("SandboxClaim", ns, c["metadata"]["name"])
+    _wake_at_grace(ctx, "Pool", ns, name, kept_idle, spec)
     _note_terminating(ctx, ns, error)
     if error is not None and status_code(error) not in (403, 422):
         raise error
+
+
+def _wake_at_grace(ctx: Context, kind: str, ns: str, name: str, idle: list[Member], spec: Any) -> None:
+    """Come back when an unready idle sandbox would pass its readiness grace (counted from when it turned unready:
+    a sandbox whose execd died long after it started)."""
+    unready = [lifecycle.grace_deadline(unready_from(m), lifecycle.readiness_grace(spec)) for m in idle if not m.ready]
+    if unready:
+        ctx.request_at(kind, ns, name, min(unready) + 0.5)
 
 
 async def recycle(ctx: Context, m: Member, strategy: str) -> None:
@@ -295,9 +304,13 @@ async def recycle(ctx: Context, m: Member, strategy: str) -> None:
     if strategy == "Delete":
         await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, m.namespace, uid=m.uid))
         return
-    patch = {"metadata": {"labels": {L_CLAIM: None}, "resourceVersion": m.resource_version}}
+    if strategy == "Noop":  # the same pod goes on: its execd must let go of the claim's token first
+        await take_back(ctx, m.namespace, m.name, m.uid, m.claim_uid)
+    patch = {"metadata": {"labels": {L_CLAIM: None}, "annotations": {A_CLAIM_UID: None},
+                          "resourceVersion": m.resource_version}}
     await ignore({404, 409}, ctx.kube.patch("Sandbox", m.name, m.namespace, patch))
-    if strategy == "Restart":
+    if strategy == "Restart":  # a new pod: a new idle token
+        ctx.installed.pop((m.namespace, m.name), None)
         await ignore({404}, ctx.kube.delete("Pod", m.name, m.namespace))
 
 

@@ -9,11 +9,12 @@ from typing import Any
 
 from lightkube import ApiError
 
-from ..builders import execd_token, pod_manifest, pvc_manifests, service_manifest
+from ..builders import pod_manifest, pvc_manifests, service_manifest
 from ..cache import PodInfo, _ts
 from ..constants import A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND
 from ..context import Context
 from ..kube import ignore, status_code
+from ..tokens import key_secret, key_secret_manifest
 from .conditions import condition, differs, set_condition
 
 log = logging.getLogger("corral.operator.sandbox")
@@ -58,6 +59,9 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
     if body is None:
         ctx.pod_creates.pop(key, None)
         ctx.settling.pop(key, None)
+        ctx.installed.pop(key, None)
+        if ns in ctx.key_secrets and not ctx.cache.any_in("Sandbox", ns):  # the namespace may go and come back
+            ctx.key_secrets.discard(ns)
         return
     meta, spec = body["metadata"], body["spec"]
     ctx.cancel_at("Sandbox", ns, name)  # each pass re-arms only the deadlines still ahead
@@ -147,6 +151,9 @@ async def _create_pod(ctx: Context, body: dict[str, Any]) -> None:
     svc = service_manifest(body)
     if svc:
         await ignore({409}, ctx.kube.create(svc))
-    token = execd_token(ctx.token_key, meta["namespace"], meta["name"], meta["uid"])
-    pod = pod_manifest(body, execd_image=ctx.settings.execd_image, token=token)
+    ns = meta["namespace"]
+    if ns not in ctx.key_secrets:  # once per namespace and process; a 409 (made before a restart) is as good
+        await ignore({409}, ctx.kube.create(key_secret_manifest(ctx.token_key, ns)))
+        ctx.key_secrets.add(ns)
+    pod = pod_manifest(body, execd_image=ctx.settings.execd_image, key_secret=key_secret(ctx.token_key, ns))
     await ignore({409}, ctx.kube.create(pod))  # deterministic name: a duplicate create is a no-op

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from kubeutil import TOKEN_SECRET, idle_token
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
-TOKEN_SECRET = "corral-kube-tests"
 API_TOKEN = "corral-kube-api-tests"
 
 
@@ -125,16 +125,20 @@ def ns(kube):
 
 class PodExecd:
     """A real execd process standing in for the one inside a fake (kwok) pod: bound to the pod's loopback IP and
-    port, with the token the operator derives for that sandbox."""
+    port, with the idle token the pod's init container would derive. `token` is what `run` uses (set it to a
+    claim's token once the claim has used execd)."""
 
     def __init__(self, endpoint: str, token: str, workdir: Path) -> None:
         host, _, port = endpoint.rpartition(":")
         self.url = f"http://{endpoint}"
         self.token = token
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "CORRAL_EXECD_HOST": host, "CORRAL_EXECD_PORT": port, "CORRAL_EXECD_TOKEN": token,
                "CORRAL_EXECD_WORKSPACE": str(workdir)}
+        # its own session: kill() takes the supervisor and the server together, as a dead execd in a pod
         self.proc = subprocess.Popen([sys.executable, "-m", "corral.execd"], env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -153,21 +157,28 @@ class PodExecd:
         return r.json()
 
     def stop(self) -> None:
-        self.proc.terminate()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL to execd's supervisor and its server (the whole session): execd is gone for good."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
 
 @pytest.fixture
-def pod_execd(tmp_path):
+def pod_execd(tmp_path, kube):
     """start(sandbox) -> a live execd at that sandbox's endpoint (stopped after the test)."""
-    from corral.operator.builders import execd_token
+    from lightkube.resources.core_v1 import Pod
 
     started: list[PodExecd] = []
 
     def start(sandbox) -> PodExecd:
         meta = sandbox.metadata
-        token = execd_token(TOKEN_SECRET.encode(), meta.namespace, meta.name, meta.uid)
-        d = PodExecd((sandbox.status or {})["endpoint"], token, tmp_path)
+        pod = kube.get(Pod, meta.name, namespace=meta.namespace)
+        d = PodExecd((sandbox.status or {})["endpoint"], idle_token(meta.namespace, meta.name, pod.metadata.uid),
+                     tmp_path / meta.name)
         started.append(d)
         return d
 

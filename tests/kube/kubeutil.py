@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from lightkube.generic_resource import create_namespaced_resource
-
 from waiting import wait_until  # noqa: F401  (kube tests import it from here)
 
 SandboxTemplate = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxTemplate", "sandboxtemplates")
@@ -13,6 +12,24 @@ Sandbox = create_namespaced_resource("corral.dev", "v1alpha1", "Sandbox", "sandb
 WarmPool = create_namespaced_resource("corral.dev", "v1alpha1", "WarmPool", "warmpools")
 Pool = create_namespaced_resource("corral.dev", "v1alpha1", "Pool", "pools")
 SandboxClaim = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxClaim", "sandboxclaims")
+
+TOKEN_SECRET = "corral-kube-tests"  # the operator's CORRAL_TOKEN_SECRET in this tier
+
+
+def idle_token(ns: str, pod: str, pod_uid: str) -> str:
+    """The token a sandbox pod's execd starts with (what its init container derives from the namespace key)."""
+    from corral.operator.tokens import idle_token as derive
+
+    return derive(TOKEN_SECRET.encode(), ns, pod, pod_uid)
+
+
+def claim_token(kube, ns: str, sandbox: str, claim: str) -> str:
+    """The token of claim `claim` on sandbox `sandbox`, as the operator derives it (from both uids)."""
+    from corral.operator.tokens import claim_token as derive
+
+    return derive(TOKEN_SECRET.encode(), ns, sandbox, kube.get(Sandbox, sandbox, namespace=ns).metadata.uid,
+                  kube.get(SandboxClaim, claim, namespace=ns).metadata.uid)
+
 
 POD_SPEC = {"containers": [{"name": "sandbox", "image": "corral/python:bookworm", "command": ["sleep", "infinity"]}]}
 

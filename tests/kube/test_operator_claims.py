@@ -4,10 +4,11 @@ import asyncio
 import time
 from datetime import datetime, timedelta, timezone
 
+import httpx
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from kubeutil import Sandbox, SandboxClaim, bound, claim, claim_status, idle_ready, status, template, wait_until, warm_pool, sandbox_or_none
+from kubeutil import Sandbox, SandboxClaim, bound, claim, claim_token, claim_status, idle_ready, status, template, wait_until, warm_pool, sandbox_or_none
 
 pytestmark = pytest.mark.kube
 
@@ -60,6 +61,8 @@ def test_warm_claim_env_reaches_execd(kube, operator, ns, pod_execd):
     kube.create(claim("c", "wp", env=[{"name": "GREETING", "value": "hello from the claim"}]), namespace=ns)
     st = wait_until(lambda: bound(kube, ns, "c"), 30, what="bound")
     assert st["launchType"] == "Warm" and st["sandbox"]["name"] == sandbox.metadata.name
+    assert httpx.get(f"{execd.url}/v1/env", headers={"Authorization": f"Bearer {execd.token}"}).status_code == 401
+    execd.token = claim_token(kube, ns, sandbox.metadata.name, "c")  # the env came with the claim's own token
     out = execd.run("echo $GREETING")
     assert out["stdout"].strip() == "hello from the claim"
 

@@ -2,7 +2,7 @@
 
 import json
 
-from corral.operator.builders import blueprint_hash, execd_token, network_policy, pod_manifest
+from corral.operator.builders import blueprint_hash, network_policy, pod_manifest
 from corral.components.catalogue import render
 
 TEMPLATE = {
@@ -19,7 +19,7 @@ def sandbox(**spec):
 
 
 def test_pod_has_execd_and_secure_defaults():
-    pod = pod_manifest(sandbox(), execd_image="corral/execd:1", token="t0k")
+    pod = pod_manifest(sandbox(), execd_image="corral/execd:1", key_secret="corral-execd-key-x")
     spec = pod["spec"]
     assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -34,18 +34,27 @@ def test_pod_has_execd_and_secure_defaults():
     assert pod["metadata"]["labels"]["corral.dev/sandbox"] == "s1"
 
 
-def test_the_token_is_no_env_var_of_the_sandbox_container():
-    """Sandbox code can read the sandbox container's environment (/proc/1/environ): the token reaches execd only
-    through the init container, which writes it to a memory-backed file execd deletes once read."""
-    pod = pod_manifest(sandbox(), execd_image="corral/execd:1", token="t0k-secret-value")
+def test_no_token_and_no_key_in_the_pod_spec_and_the_key_only_in_the_init_container():
+    """Anyone who may read pods reads their spec, and sandbox code reads its container's environment: the pod spec
+    holds neither a token nor the key; the init container derives execd's first token from the key Secret (mounted
+    into it alone) and the pod's identity (downward API), and hands it over in a memory-backed file execd deletes."""
+    pod = pod_manifest(sandbox(), execd_image="corral/execd:1", key_secret="corral-execd-key-abc")
     spec = pod["spec"]
-    for c in spec["containers"]:
-        assert "t0k-secret-value" not in json.dumps(c)
-        assert not [e for e in c.get("env", []) if e["name"] == "CORRAL_EXECD_TOKEN"]
     main, init = spec["containers"][0], spec["initContainers"][0]
+    assert "CORRAL_EXECD_TOKEN\"" not in json.dumps(pod)  # no token variable anywhere, with or without a value
     token_file = next(e["value"] for e in main["env"] if e["name"] == "CORRAL_EXECD_TOKEN_FILE")
-    assert init["env"] == [{"name": "CORRAL_EXECD_TOKEN", "value": "t0k-secret-value"}]
+    env = {e["name"]: e for e in init["env"]}
+    assert env["CORRAL_EXECD_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["CORRAL_EXECD_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["CORRAL_EXECD_POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert all("value" not in e or e["name"] == "CORRAL_EXECD_KEY_FILE" for e in init["env"])
     assert init["command"][-1] == token_file
+    key_volume = next(v for v in spec["volumes"] if "secret" in v)
+    assert key_volume["secret"]["secretName"] == "corral-execd-key-abc"
+    key_mount = next(m for m in init["volumeMounts"] if m["name"] == key_volume["name"])
+    assert env["CORRAL_EXECD_KEY_FILE"]["value"].startswith(key_mount["mountPath"] + "/")
+    for c in spec["containers"]:  # the key reaches no sandbox container
+        assert all(m["name"] != key_volume["name"] for m in c.get("volumeMounts", []))
     mount = next(m for m in main["volumeMounts"] if token_file.startswith(m["mountPath"] + "/"))
     assert not mount.get("readOnly")  # execd deletes the file
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
@@ -56,7 +65,7 @@ def test_the_token_is_no_env_var_of_the_sandbox_container():
 def test_template_values_win_over_defaults():
     s = sandbox()
     s["spec"]["podTemplate"]["spec"]["securityContext"] = {"runAsUser": 0, "runAsNonRoot": False}
-    pod = pod_manifest(s, execd_image="x", token="t")
+    pod = pod_manifest(s, execd_image="x", key_secret="k")
     assert pod["spec"]["securityContext"]["runAsUser"] == 0
 
 
@@ -92,6 +101,3 @@ def test_blueprint_hash_ignores_policy_but_not_the_pod():
     assert blueprint_hash(changed) != base
 
 
-def test_execd_token_is_per_sandbox():
-    assert execd_token(b"k", "ns", "a", "u1") != execd_token(b"k", "ns", "a", "u2")
-    assert execd_token(b"k", "ns", "a", "u1") == execd_token(b"k", "ns", "a", "u1")

@@ -117,7 +117,10 @@ def test_rbac_is_least_privilege():
     for r in rules:
         assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"], r
         assert "escalate" not in r["verbs"] and "bind" not in r["verbs"] and "impersonate" not in r["verbs"]
-    for group, resource in [("", "secrets"), ("", "configmaps"), ("", "nodes"), ("", "serviceaccounts"),
+    # Secrets: create only (the execd key of each sandbox namespace); never read, listed, changed or deleted
+    assert grants(rules, "", "secrets", "create")
+    assert not any(grants(rules, "", "secrets", v) for v in ("get", "list", "watch", "patch", "update", "delete"))
+    for group, resource in [("", "configmaps"), ("", "nodes"), ("", "serviceaccounts"),
                             ("rbac.authorization.k8s.io", "clusterroles"), ("apps", "deployments"),
                             ("", "pods/exec"), ("", "namespaces")]:
         assert not any(grants(rules, group, resource, v) for v in ("get", "list", "create", "delete", "patch")), \

@@ -79,6 +79,33 @@ def test_pool_trims_the_buffer_bounded_by_max_unavailable_and_pool_min():
     assert len(pool(idle=idle, pool_min=6, max_unavailable=10).delete) == 1  # never below poolMin
 
 
+def test_pool_replaces_idle_sandboxes_unready_past_the_grace_within_max_unavailable():
+    """An idle Pool sandbox whose execd died (its readiness probe failed) is deleted once unready past the grace, and
+    the buffer is refilled; at most maxUnavailable at once, counting deletes in flight."""
+    dead = [Member(name=f"d{i}", namespace="ns", ready=False, blueprint_hash="new", created=0.0,
+                   unready_since=50.0) for i in range(3)]
+    ok = [m("ok1"), m("ok2")]
+    assert pool(idle=[*dead, *ok], now=100.0, readiness_grace=60, buffer_max=5).delete == []  # 50 s: not yet
+    plan = pool(idle=[*dead, *ok], now=120.0, readiness_grace=60, buffer_max=5)
+    assert len(plan.delete) == 2 and {x.name for x in plan.delete} <= {"d0", "d1", "d2"}  # maxUnavailable=2
+    assert plan.create == 0  # two ready idle are the buffer; the dead are replaced as they go
+    plan = pool(idle=[*dead, m("ok1")], now=120.0, readiness_grace=60, max_unavailable=3)
+    assert len(plan.delete) == 3 and plan.create == 1  # buffer of 2: one ready idle left
+    assert pool(idle=[*dead, *ok], now=120.0, readiness_grace=60, terminating=2, buffer_max=5).delete == []
+    assert pool(idle=[*dead, *ok], now=120.0, buffer_max=5).delete == []  # no grace given: never
+
+
+def test_warm_pool_counts_unready_from_when_a_sandbox_turned_unready():
+    """A sandbox made long ago that turned unready a moment ago (its execd died) is not stuck yet."""
+    late = Member(name="late", namespace="ns", ready=False, blueprint_hash="new", created=0.0, unready_since=990.0)
+    plan = plan_warm_pool(replicas=1, idle=[late], current_hash="new", strategy="OnReplenish",
+                          expected_creates=0, now=1000, readiness_grace=60)
+    assert plan.delete == []
+    plan = plan_warm_pool(replicas=1, idle=[late], current_hash="new", strategy="OnReplenish",
+                          expected_creates=0, now=1051, readiness_grace=60)
+    assert [x.name for x in plan.delete] == ["late"] and plan.create == 1
+
+
 def test_adoption_prefers_stale_then_spreads_over_nodes():
     cands = [m("a", node="n1", created=1), m("b", node="n1", created=2), m("c", node="n2", created=0),
              m("stale", h="old", node="n2", created=5), m("unready", ready=False), m("taken", claim="x")]
