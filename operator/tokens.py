@@ -49,6 +49,12 @@ def idle_token(secret: bytes, namespace: str, pod: str, pod_uid: str) -> str:
     return bootstrap_token(namespace_key(secret, namespace), namespace, pod, pod_uid)
 
 
+def legacy_token(secret: bytes, namespace: str, sandbox: str, sandbox_uid: str) -> str:
+    """The per-sandbox token of pods made by operators before these (it sat in the init container's env): accepted
+    once, to hand such a pod's execd a claim's token or the idle one, after which it is dead."""
+    return _mac(secret, f"{namespace}/{sandbox}/{sandbox_uid}")
+
+
 def claim_token(secret: bytes, namespace: str, sandbox: str, sandbox_uid: str, claim_uid: str) -> str:
     """The token of one claim on one sandbox (the same across the sandbox's pod repairs while the claim lasts)."""
     return _mac(secret, f"corral/claim/{namespace}/{sandbox}/{sandbox_uid}/{claim_uid}")

@@ -15,7 +15,7 @@ import httpx
 
 from ..context import Context
 from ..kube import ignore
-from ..tokens import claim_token, idle_token
+from ..tokens import claim_token, idle_token, legacy_token
 
 log = logging.getLogger("corral.operator.handover")
 
@@ -49,7 +49,8 @@ async def hand_over(ctx: Context, ns: str, sandbox: str, sandbox_uid: str, pod_u
     if ctx.installed.get(key) == (pod_uid, claim_uid):
         return token
     idle = idle_token(ctx.token_key, ns, sandbox, pod_uid)
-    if not await _put_token(ctx, url, [idle, token], token):
+    legacy = legacy_token(ctx.token_key, ns, sandbox, sandbox_uid)  # a pod made before per-claim tokens
+    if not await _put_token(ctx, url, [idle, token, legacy], token):
         raise ExecdUnreachable(f"execd of sandbox {sandbox} refused both its idle token and the claim's")
     ctx.installed[key] = (pod_uid, claim_uid)
     return token
@@ -71,7 +72,8 @@ async def take_back(ctx: Context, ns: str, sandbox: str, sandbox_uid: str, claim
     idle = idle_token(ctx.token_key, ns, sandbox, pod.uid)
     current = [claim_token(ctx.token_key, ns, sandbox, sandbox_uid, claim_uid)] if claim_uid else []
     try:
-        if await _put_token(ctx, url, [*current, idle], idle):
+        legacy = legacy_token(ctx.token_key, ns, sandbox, sandbox_uid)
+        if await _put_token(ctx, url, [*current, idle, legacy], idle):
             r = await ctx.http().put(f"{url}/v1/env", json={"env": {}, "merge": False},
                                      headers={"Authorization": f"Bearer {idle}"}, timeout=5)
             r.raise_for_status()

@@ -60,3 +60,38 @@ def test_the_namespace_key_gives_no_claim_token_and_the_secret_name_shows_no_key
     manifest = tokens.key_secret_manifest(SECRET, "ns")
     assert manifest["metadata"] == {**manifest["metadata"], "name": name, "namespace": "ns"}
     assert manifest["stringData"] == {"key": key}
+
+
+def test_a_pod_from_before_per_claim_tokens_is_handed_over_from_its_old_token():
+    """Pods made by an older operator hold HMAC(secret, ns/name/sandbox uid) (it was in their init container's env):
+    the hand-over accepts it once, so such pods keep serving claims after an upgrade and the old token dies."""
+    import asyncio
+
+    import httpx
+
+    from corral.operator.cache import Cache
+    from corral.operator.context import Context, Settings
+    from corral.operator.reconcile.handover import hand_over
+
+    legacy = tokens.legacy_token(SECRET, "ns", "sbx", "sbx-uid")
+    held = {"token": legacy}
+
+    def execd(request: httpx.Request) -> httpx.Response:
+        import json
+
+        if request.headers["authorization"] != f"Bearer {held['token']}":
+            return httpx.Response(401, json={"code": "unauthorized", "message": "no"})
+        held["token"] = json.loads(request.content)["token"]
+        return httpx.Response(200, json={"rotated": True})
+
+    ctx = Context(settings=Settings(), kube=None, cache=Cache())  # type: ignore[arg-type]
+    ctx.token_key = SECRET
+    ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(execd))
+    loop = asyncio.new_event_loop()  # not asyncio.run: it unsets the current loop that later Pulumi-mocked tests use
+    try:
+        token = loop.run_until_complete(
+            hand_over(ctx, "ns", "sbx", "sbx-uid", "pod-uid", "http://10.0.0.1:44772", "claim-uid"))
+    finally:
+        loop.close()
+    assert token == held["token"] == tokens.claim_token(SECRET, "ns", "sbx", "sbx-uid", "claim-uid")
+    assert ctx.installed[("ns", "sbx")] == ("pod-uid", "claim-uid")
