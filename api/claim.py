@@ -8,8 +8,18 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from .common import (
-    ENV_NAME, EXECD_ENV_PREFIX, MAX_ENV_NAME, MAX_ENV_VALUE, MAX_ENV_VARS, NO_NUL, RESERVED_DOMAINS, Condition,
-    CorralObject, Model, Name, immutable,
+    ENV_NAME,
+    EXECD_ENV_PREFIX,
+    MAX_ENV_NAME,
+    MAX_ENV_VALUE,
+    MAX_ENV_VARS,
+    NO_NUL,
+    RESERVED_DOMAINS,
+    Condition,
+    CorralObject,
+    Model,
+    Name,
+    immutable,
 )
 from .sandbox import LaunchType
 from .template import VolumeClaimTemplate

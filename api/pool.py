@@ -25,7 +25,7 @@ class Capacity(Model):
     pool_max: int = Field(default=10, ge=0, le=MAX_REPLICAS, description="Most sandboxes in total.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Capacity":
+    def _ordered(self) -> Capacity:
         if self.buffer_min > self.buffer_max:
             raise ValueError(f"bufferMin ({self.buffer_min}) must be <= bufferMax ({self.buffer_max})")
         if self.pool_min > self.pool_max:

@@ -13,7 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from .common import (
-    DNS_LABEL, DNS_SUBDOMAIN, ENV_NAME, EXECD_ENV_PREFIX, MAX_ENV_NAME, MAX_ENV_VALUE, MAX_ENV_VARS, NO_NUL,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    ENV_NAME,
+    EXECD_ENV_PREFIX,
+    MAX_ENV_NAME,
+    MAX_ENV_VALUE,
+    MAX_ENV_VARS,
+    NO_NUL,
     env_var_problem,
 )
 

@@ -15,11 +15,28 @@ if TYPE_CHECKING:
     from ._ops import Retry
     from .aio import AsyncClient, AsyncSandbox
     from .errors import (
-        ClaimFailed, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, NotReady, ServerError, TransportError,
-        Unauthorized, Unavailable,
+        ClaimFailed,
+        Conflict,
+        CorralError,
+        Forbidden,
+        InvalidRequest,
+        NotFound,
+        NotReady,
+        ServerError,
+        TransportError,
+        Unauthorized,
+        Unavailable,
     )
     from .models import (
-        Claim, CommandResult, CommandStatus, Exit, FileInfo, Output, PoolStatus, RetainedSandbox, SearchResult,
+        Claim,
+        CommandResult,
+        CommandStatus,
+        Exit,
+        FileInfo,
+        Output,
+        PoolStatus,
+        RetainedSandbox,
+        SearchResult,
         Snapshot,
     )
     from .sync import Client, Sandbox

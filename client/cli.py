@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -95,9 +95,9 @@ def run_cli(fn: Any) -> Any:
 
 @app.callback()
 def main(ctx: typer.Context,
-         url: Annotated[Optional[str], typer.Option(envvar=cfg.ENV_URL, help="Claims API URL.",
+         url: Annotated[str | None, typer.Option(envvar=cfg.ENV_URL, help="Claims API URL.",
                                                     show_envvar=True)] = None,
-         token: Annotated[Optional[str], typer.Option(envvar=cfg.ENV_TOKEN, help="Claims API token.",
+         token: Annotated[str | None, typer.Option(envvar=cfg.ENV_TOKEN, help="Claims API token.",
                                                       show_envvar=True, show_default=False)] = None) -> None:
     ctx.obj = Ctx(url, token)
 
@@ -159,9 +159,9 @@ def pools(ctx: typer.Context,
 @app.command()
 def claim(ctx: typer.Context, pool: Annotated[str, typer.Argument(help="WarmPool or Pool to claim from.")],
           env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for its commands.")] = [],  # noqa: B006
-          ttl: Annotated[Optional[int], typer.Option(help="Lease in seconds (renewable).")] = None,
-          name: Annotated[Optional[str], typer.Option(help="Claim name (default: generated).")] = None,
-          snapshot: Annotated[Optional[str], typer.Option(help="Start from this snapshot image.")] = None,
+          ttl: Annotated[int | None, typer.Option(help="Lease in seconds (renewable).")] = None,
+          name: Annotated[str | None, typer.Option(help="Claim name (default: generated).")] = None,
+          snapshot: Annotated[str | None, typer.Option(help="Start from this snapshot image.")] = None,
           retain: Annotated[bool, typer.Option(help="Keep the container when the claim ends.")] = False,
           timeout: Annotated[float, typer.Option(help="Seconds to wait for Ready.")] = 120.0,
           as_json: Annotated[bool, typer.Option("--json", help="Print the claim as JSON.")] = False) -> None:
@@ -180,7 +180,7 @@ def claim(ctx: typer.Context, pool: Annotated[str, typer.Argument(help="WarmPool
 
 @app.command("ls")
 def list_claims(ctx: typer.Context,
-                pool: Annotated[Optional[str], typer.Option(help="Only this pool's claims.")] = None,
+                pool: Annotated[str | None, typer.Option(help="Only this pool's claims.")] = None,
                 as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List claims."""
     with run_cli(ctx.obj.client) as client:
@@ -297,8 +297,8 @@ def snapshots_rm(ctx: typer.Context,
 def exec_(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim name.")],
           command: Annotated[list[str], typer.Argument(help="One argument: a shell command line; several: argv.")],
           env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE.")] = [],  # noqa: B006
-          cwd: Annotated[Optional[str], typer.Option(help="Working directory.")] = None,
-          timeout: Annotated[Optional[float], typer.Option(help="Kill the command after this many seconds.")] = None,
+          cwd: Annotated[str | None, typer.Option(help="Working directory.")] = None,
+          timeout: Annotated[float | None, typer.Option(help="Kill the command after this many seconds.")] = None,
           ) -> None:
     """Run a command in a sandbox, streaming its output; exits with the command's exit code."""
     if command and command[0] == "--":
@@ -319,7 +319,7 @@ def exec_(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim na
 
 @app.command()
 def shell(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim name.")],
-          command: Annotated[Optional[str], typer.Option("--command", "-c",
+          command: Annotated[str | None, typer.Option("--command", "-c",
                                                          help="Run this instead of a login shell.")] = None,
           ) -> None:
     """An interactive terminal in the sandbox (raw mode; resizing the window resizes it). Exits with the remote
@@ -342,7 +342,12 @@ def _split(spec: str) -> tuple[str | None, str]:
 
 def _progress() -> Progress:
     from rich.progress import (
-        BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
     )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -352,7 +357,7 @@ def _progress() -> Progress:
 @app.command()
 def cp(ctx: typer.Context, source: Annotated[str, typer.Argument(help="Local path or NAME:/path.")],
        destination: Annotated[str, typer.Argument(help="Local path or NAME:/path.")],
-       mode: Annotated[Optional[str], typer.Option(help="Octal mode of an uploaded file, e.g. 0755.")] = None,
+       mode: Annotated[str | None, typer.Option(help="Octal mode of an uploaded file, e.g. 0755.")] = None,
        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False) -> None:
     """Copy a file to or from a sandbox, streamed (constant memory) with a progress bar."""
     (src_claim, src), (dst_claim, dst) = _split(source), _split(destination)
@@ -397,10 +402,10 @@ def _is_dir(sbx: Any, path: str) -> bool:
 @config_app.command("pulumi")
 def config_pulumi(stack: Annotated[str, typer.Option(help="Pulumi stack whose outputs to read.")] = "local",
                   pulumi: Annotated[str, typer.Option(help="The Pulumi command (e.g. scripts/pulumi.sh).")] = "pulumi",
-                  cwd: Annotated[Optional[str], typer.Option(help="The Pulumi project directory.")] = None,
-                  path: Annotated[Optional[Path], typer.Option(
+                  cwd: Annotated[str | None, typer.Option(help="The Pulumi project directory.")] = None,
+                  path: Annotated[Path | None, typer.Option(
                       help="Config file (default ~/.config/corral/config.toml).")] = None,
-                  url: Annotated[Optional[str], typer.Option(help="Use this address instead of the stack's (e.g. a "
+                  url: Annotated[str | None, typer.Option(help="Use this address instead of the stack's (e.g. a "
                                                                   "kubectl port-forward).")] = None,
                   ) -> None:
     """Write the config file from `pulumi stack output`: apiUrl (Docker) or apiEndpoint (Kubernetes), apiToken."""
@@ -415,7 +420,7 @@ def config_pulumi(stack: Annotated[str, typer.Option(help="Pulumi stack whose ou
 @config_app.command("set")
 def config_set(url: Annotated[str, typer.Option(help="Claims API URL.")],
                token: Annotated[str, typer.Option(help="Claims API token.")],
-               path: Annotated[Optional[Path], typer.Option(help="Config file.")] = None) -> None:
+               path: Annotated[Path | None, typer.Option(help="Config file.")] = None) -> None:
     """Write the config file from a URL and a token (e.g. the Kubernetes operator's claims API)."""
     err.print(f"wrote {cfg.write_file(url, token, path)}", highlight=False)
 

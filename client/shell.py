@@ -9,8 +9,8 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from .aio import AsyncClient
 

@@ -87,7 +87,7 @@ class StackConfig(Model):
     pools: list[PoolConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _references(self) -> "StackConfig":
+    def _references(self) -> StackConfig:
         names = [t.name for t in self.templates]
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"corral:templates: duplicate name(s) {', '.join(dupes)}")

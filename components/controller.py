@@ -17,8 +17,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from .controller_values import CHART_DIR, OperatorValues, ValuesError, deep_merge
 from ._token import ApiToken
+from .controller_values import CHART_DIR, OperatorValues, ValuesError, deep_merge
 
 PART_OF = {"app.kubernetes.io/part-of": "corral", "app.kubernetes.io/managed-by": "pulumi"}
 

@@ -148,7 +148,7 @@ class OperatorValues(Model):
     priority_class_name: str = Field(default="", description="Pod priorityClassName.")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "OperatorValues":
+    def _consistent(self) -> OperatorValues:
         if self.replicas > 1 and not self.peering.enabled:
             raise ValueError("replicas > 1 needs peering.enabled: true (otherwise every replica acts)")
         if self.strategy == "RollingUpdate" and not self.peering.enabled:
@@ -156,7 +156,7 @@ class OperatorValues(Model):
         return self
 
     @classmethod
-    def parse(cls, raw: dict[str, Any] | None) -> "OperatorValues":
+    def parse(cls, raw: dict[str, Any] | None) -> OperatorValues:
         """Validate wire-form (camelCase) values; a bad one raises ValuesError naming each field."""
         try:
             return cls.model_validate(raw or {})

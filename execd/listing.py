@@ -11,8 +11,8 @@ so swapping a directory for a symlink while a listing runs cannot make it list a
 from __future__ import annotations
 
 import base64
-import bisect
 import binascii
+import bisect
 import contextlib
 import json
 import os

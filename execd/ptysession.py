@@ -173,7 +173,7 @@ class PtySession:
             processes.kill_tree(self.pid, signal.SIGHUP)
             try:
                 await asyncio.wait_for(self.exited.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 processes.kill_tree(self.pid, signal.SIGKILL)
                 await self.exited.wait()
         self._stop_reading()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from signal import SIGKILL
 import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from signal import SIGKILL
 from typing import Any
 
 from . import processes
@@ -168,7 +168,7 @@ class Command:
         try:
             try:
                 returncode = await asyncio.wait_for(asyncio.shield(waiter), self.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.timed_out = True
                 self.kill(SIGKILL, reason="timeout")
                 returncode = await waiter
@@ -201,7 +201,7 @@ class Command:
                 return
             try:
                 await asyncio.wait_for(self._eof.wait(), max(left, 0.05))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def kill(self, sig: int = SIGKILL, reason: str = "interrupt") -> bool:
@@ -221,6 +221,6 @@ class Command:
             return
         try:
             await asyncio.wait_for(self.done.wait(), grace)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.kill(SIGKILL)
 

@@ -13,8 +13,21 @@ from corral.execd.inject import k8s_init_container, k8s_key_secret, wrap_entrypo
 from corral.execd.wire import HEALTH_PATH
 
 from .constants import (
-    A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_CLAIM, L_COMPONENT, L_HASH, L_MANAGED_BY, L_POOL,
-    L_POOL_KIND, L_RETAINED, L_SANDBOX, L_TEMPLATE, MANAGED_BY, OPERATOR_APP_LABEL,
+    A_RETAINED_AT,
+    A_RETAINED_FROM,
+    A_RETAINED_POOL,
+    API_VERSION,
+    L_CLAIM,
+    L_COMPONENT,
+    L_HASH,
+    L_MANAGED_BY,
+    L_POOL,
+    L_POOL_KIND,
+    L_RETAINED,
+    L_SANDBOX,
+    L_TEMPLATE,
+    MANAGED_BY,
+    OPERATOR_APP_LABEL,
 )
 
 PRIVATE_V4 = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"]

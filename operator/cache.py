@@ -75,7 +75,7 @@ class PodInfo:
     resource_version: str = ""
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> "PodInfo":
+    def of(cls, body: dict[str, Any]) -> PodInfo:
         meta, status = body.get("metadata", {}), body.get("status") or {}
         ips = tuple(p["ip"] for p in status.get("podIPs") or [] if p.get("ip")) or (
             (status["podIP"],) if status.get("podIP") else ())

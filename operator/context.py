@@ -8,8 +8,8 @@ import contextlib
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -58,7 +58,7 @@ class Settings(BaseModel):
         "active replica died without saying goodbye."))
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         mapping = {
             "namespace": "CORRAL_NAMESPACE", "execd_image": "CORRAL_EXECD_IMAGE",

@@ -16,23 +16,23 @@ import kopf
 from lightkube import ApiError
 
 from . import metrics
-from .claimsapi import kube_server as claims_api
 from .cache import Cache, EventsOnlyDiffBase, PodInfo, claim_keys, sandbox_keys
+from .claimsapi import kube_server as claims_api
 from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
 from .context import Context, Settings
 from .kube import Kube, status_code
 from .leadership import own_pod, pod_label_patch
-from .resync import resync
 from .reconcile.claims import reconcile_claim
 from .reconcile.pools import reconcile_pool, reconcile_warmpool
 from .reconcile.sandboxes import reconcile_sandbox
 from .reconcile.templates import reconcile_template
+from .resync import resync
 from .workqueue import WorkQueue
 
 log = logging.getLogger("corral.operator")
 
 STATE: dict[str, Context] = {}
-STATE_TASKS: dict[str, "asyncio.Task[None]"] = {}
+STATE_TASKS: dict[str, asyncio.Task[None]] = {}
 
 RECONCILERS = {
     "SandboxTemplate": reconcile_template,

@@ -68,7 +68,7 @@ class FastHttp:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: KubeConfig) -> "FastHttp | None":
+    def from_kubeconfig(cls, kubeconfig: KubeConfig) -> FastHttp | None:
         """None when the kubeconfig needs auth this path does not do (lightkube then serves every call)."""
         config = kubeconfig.get()
         user, cluster = config.user, config.cluster
@@ -138,7 +138,7 @@ class Kube:
         self.fast = fast
 
     @classmethod
-    def from_env(cls, kubeconfig: str | None = None) -> "Kube":
+    def from_env(cls, kubeconfig: str | None = None) -> Kube:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
         client = AsyncClient(config=config, field_manager=FIELD_MANAGER, timeout=30)
         try:

@@ -97,8 +97,9 @@ def kube(kube_cluster):
 @pytest.fixture(scope="session")
 def corral_crds(kube):
     """Corral's committed CRDs applied to the local cluster and Established."""
-    from corral.api.crd import load_committed
     from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+    from corral.api.crd import load_committed
 
     names = []
     for crd in load_committed():

@@ -25,7 +25,7 @@ import pulumi
 from .. import controller, docker_stack, resources
 from .._version import __version__
 from ..controller_values import OperatorValues as _OperatorValuesModel
-from ._schema import MODEL_TYPES, described, describe, mirror_model
+from ._schema import MODEL_TYPES, describe, described, mirror_model
 
 PACKAGE = "corral"
 __all__ = ["COMPONENTS", "PYTHON_COMPONENTS", "ControllerDeployment", "SandboxTemplate", "WarmPool", "Pool",
@@ -101,7 +101,7 @@ class ControllerDeployment(controller.ControllerDeployment):
     """Bearer token of the claims API (secret)."""
 
     def __init__(self, name: str, args: ControllerDeploymentArgs,
-                 opts: Optional[pulumi.ResourceOptions] = None) -> None:
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         plain = _plain(args)
         if "values" in plain:
             plain["values"] = _OperatorValuesModel.parse(plain["values"])
@@ -117,7 +117,7 @@ class SandboxTemplateArgs(TypedDict):
     `kubectl get sbxt -o yaml`), validated before anything is created."""
     namespace: NotRequired[pulumi.Input[str]]
     """Namespace of the template and of every sandbox made from it."""
-    resource_name: NotRequired[Optional[str]]
+    resource_name: NotRequired[str | None]
     """Kubernetes name of the custom resource (default: the component's name)."""
     labels: NotRequired[dict[str, str]]
     """Extra labels on the custom resource."""
@@ -133,7 +133,7 @@ class SandboxTemplate(resources.SandboxTemplate):
     status: pulumi.Output[Any]
     """The template's status as last read (blueprintHash, conditions)."""
 
-    def __init__(self, name: str, args: SandboxTemplateArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+    def __init__(self, name: str, args: SandboxTemplateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(name, resources.SandboxTemplateArgs(**_plain(args)), opts)
 
 
@@ -153,7 +153,7 @@ class WarmPoolArgs(TypedDict):
     """A sandbox unready for longer than this is replaced."""
     namespace: NotRequired[pulumi.Input[str]]
     """Namespace of the pool (the template's)."""
-    resource_name: NotRequired[Optional[str]]
+    resource_name: NotRequired[str | None]
     """Kubernetes name of the custom resource (default: the component's name)."""
     labels: NotRequired[dict[str, str]]
     """Extra labels on the custom resource."""
@@ -169,7 +169,7 @@ class WarmPool(resources.WarmPool):
     status: pulumi.Output[Any]
     """The pool's status as last read (replicas, readyReplicas, updatedReplicas, selector)."""
 
-    def __init__(self, name: str, args: WarmPoolArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+    def __init__(self, name: str, args: WarmPoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(name, resources.WarmPoolArgs(**_plain(args)), opts)
 
 
@@ -201,7 +201,7 @@ class PoolArgs(TypedDict):
     """Most sandboxes deleted at once on scale-down."""
     namespace: NotRequired[pulumi.Input[str]]
     """Namespace of the pool (the template's)."""
-    resource_name: NotRequired[Optional[str]]
+    resource_name: NotRequired[str | None]
     """Kubernetes name of the custom resource (default: the component's name)."""
     labels: NotRequired[dict[str, str]]
     """Extra labels on the custom resource."""
@@ -217,7 +217,7 @@ class Pool(resources.Pool):
     status: pulumi.Output[Any]
     """The pool's status as last read (total, allocated, available, updated, revision)."""
 
-    def __init__(self, name: str, args: PoolArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+    def __init__(self, name: str, args: PoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(name, resources.PoolArgs(**_plain(args)), opts)
 
 
@@ -273,14 +273,14 @@ class DockerStackArgs(TypedDict):
     (Delete, Restart or Noop), max_unavailable}."""
     api_port: NotRequired[int]
     """Port of the claims API on the host's 127.0.0.1."""
-    host: NotRequired[Optional[str]]
+    host: NotRequired[str | None]
     """Docker Engine to use (e.g. unix:///var/run/docker.sock; default: the environment's DOCKER_HOST)."""
     internal_networks: NotRequired[list[str]]
     """Templates whose sandbox network has no route out (Docker internal networks)."""
-    operator_image: NotRequired[Optional[str]]
+    operator_image: NotRequired[str | None]
     """Operator image to run; it must exist on the engine (default: corral/operator:<sources key>, built offline
     from this checkout when missing)."""
-    pools_dir: NotRequired[Optional[str]]
+    pools_dir: NotRequired[str | None]
     """Host folder of the pools file the operator reads (default: $CORRAL_CACHE/run/docker-stacks/<stack>)."""
     log_level: NotRequired[str]
     """The operator's log level (debug, info, warning, error)."""
@@ -299,7 +299,7 @@ class DockerStack(docker_stack.DockerStack):
     networks: pulumi.Output[list[str]]
     """Docker networks of the templates' sandboxes."""
 
-    def __init__(self, name: str, args: DockerStackArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+    def __init__(self, name: str, args: DockerStackArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(name, docker_stack.DockerStackArgs(**_plain(args)), opts)
 
 

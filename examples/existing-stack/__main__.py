@@ -13,8 +13,14 @@ Remove Corral again, leaving the rest as it is:
 import pulumi
 import pulumi_kubernetes as k8s
 
-from corral.components import (ControllerDeployment, ControllerDeploymentArgs, SandboxTemplate, SandboxTemplateArgs,
-                               WarmPool, WarmPoolArgs)
+from corral.components import (
+                               ControllerDeployment,
+                               ControllerDeploymentArgs,
+                               SandboxTemplate,
+                               SandboxTemplateArgs,
+                               WarmPool,
+                               WarmPoolArgs,
+)
 from corral.components.catalogue import render
 
 config = pulumi.Config()

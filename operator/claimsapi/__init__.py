@@ -6,8 +6,18 @@ before any body is read; every error is `{"code", "message"}` with a 4xx/5xx sta
 """
 
 from corral.api.wire import (
-    Claim, ClaimList, ClaimRequest, Error, PoolList, PoolStatus, RenewRequest, RetainedSandbox, RetainedSandboxList,
-    Snapshot, SnapshotList, SnapshotRequest,
+    Claim,
+    ClaimList,
+    ClaimRequest,
+    Error,
+    PoolList,
+    PoolStatus,
+    RenewRequest,
+    RetainedSandbox,
+    RetainedSandboxList,
+    Snapshot,
+    SnapshotList,
+    SnapshotRequest,
 )
 
 from .backend import BackendError, ClaimsBackend, Conflict, ExecdTarget, Invalid, NotFound, Unavailable

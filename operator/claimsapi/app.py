@@ -36,16 +36,26 @@ import httpx
 from fastapi import FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.common import DNS_SUBDOMAIN
 from corral.api.wire import (
-    IMAGE_REF, NAME_MAX, Claim, ClaimList, ClaimRequest, Error, PoolList, RenewRequest, RetainedSandboxList, Snapshot,
-    SnapshotList, SnapshotRequest,
+    IMAGE_REF,
+    NAME_MAX,
+    Claim,
+    ClaimList,
+    ClaimRequest,
+    Error,
+    PoolList,
+    RenewRequest,
+    RetainedSandboxList,
+    Snapshot,
+    SnapshotList,
+    SnapshotRequest,
 )
 from corral.execd.wsrelay import relay
 

@@ -35,7 +35,7 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from lightkube import ApiError
@@ -44,9 +44,9 @@ from corral.api import PoolSpec, WarmPoolSpec
 
 from ..builders import is_retained
 from ..cache import member_of
+from ..constants import A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_POOL, L_TEMPLATE
 from ..core import lifecycle as deadlines
 from ..core import vocabulary as vocab
-from ..constants import A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_POOL, L_TEMPLATE
 from ..kube import RESOURCES, status_code
 from ..planning import Member, pool_desired
 from ..reconcile.handover import ExecdUnreachable, hand_over
@@ -90,12 +90,12 @@ def _ts(value: str | None) -> datetime | None:
 
 
 def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _lease_iso(end: float) -> str:
     """A lease's end as shutdownTime: whole seconds, rounded up, so a lease is never shorter than asked."""
-    return _iso(datetime.fromtimestamp(math.ceil(end), timezone.utc))
+    return _iso(datetime.fromtimestamp(math.ceil(end), UTC))
 
 
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def active_replica(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitab
     only; this covers a client that reaches a standby anyway.)"""
 
     @functools.wraps(method)
-    async def serve(self: "KubeBackend", *args: Any, **kwargs: Any) -> T:
+    async def serve(self: KubeBackend, *args: Any, **kwargs: Any) -> T:
         if not self.ctx.leadership.active:
             raise Unavailable(f"this operator replica is on standby (kopf peering {self.ctx.leadership.peering!r}): "
                               "retry; the claims API Service routes to the active replica")
@@ -229,7 +229,7 @@ class KubeBackend:
             launch_type=vocab.api_launch_type(st.get("launchType")),
             sandbox=SandboxRef(name=sandbox, endpoint=f"/v1/claims/{meta['name']}/execd")
             if sandbox and st.get("phase") == "Bound" else None,
-            created=_ts(meta.get("creationTimestamp")) or datetime.now(timezone.utc),
+            created=_ts(meta.get("creationTimestamp")) or datetime.now(UTC),
             ready_at=_ts(st.get("boundTime")), expires_at=_ts(lifecycle.get("shutdownTime")),
             shutdown_policy="Retain" if lifecycle.get("shutdownPolicy") == "Retain" else "Delete",
             message=message,
@@ -342,7 +342,7 @@ class KubeBackend:
                     # The operator's own shutdown path: detach the sandbox (Retain), finish, delete the claim.
                     await self.ctx.kube.patch("SandboxClaim", name, self.ns, {
                         "metadata": {"uid": uid},
-                        "spec": {"lifecycle": {"shutdownTime": _iso(datetime.now(timezone.utc)),
+                        "spec": {"lifecycle": {"shutdownTime": _iso(datetime.now(UTC)),
                                                "ttlSecondsAfterFinished": 0}}})
                 else:
                     await self.ctx.kube.delete("SandboxClaim", name, self.ns, uid=uid,
@@ -447,7 +447,7 @@ class KubeBackend:
     @active_replica
     async def list_retained(self) -> list[RetainedSandbox]:
         found = [self._retained(b) for b in await self._list("Sandbox") if is_retained(b)]
-        return sorted(found, key=lambda r: (r.retained_at or r.created or datetime.min.replace(tzinfo=timezone.utc),
+        return sorted(found, key=lambda r: (r.retained_at or r.created or datetime.min.replace(tzinfo=UTC),
                                             r.name))
 
     @active_replica

@@ -34,7 +34,7 @@ class ApiSettings(BaseModel):
     namespace: str = Field(default="default", description="The namespace whose claims the API serves.")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ApiSettings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiSettings:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {k: env[v] for k, v in (("host", "CORRAL_API_HOST"), ("port", "CORRAL_API_PORT"),
                                                           ("namespace", "CORRAL_API_NAMESPACE")) if env.get(v)}
@@ -85,7 +85,7 @@ class _Server:
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self.task), 10)
-        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - stopping anyway
+        except (TimeoutError, Exception):  # noqa: BLE001 - stopping anyway
             self.task.cancel()
             with contextlib.suppress(BaseException):
                 await self.task

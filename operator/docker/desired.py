@@ -108,7 +108,7 @@ class DesiredState(_M):
     pools: list[Pool] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _refs(self) -> "DesiredState":
+    def _refs(self) -> DesiredState:
         names = {t.name for t in self.templates}
         seen: set[str] = set()
         for p in [*self.warm_pools, *self.pools]:

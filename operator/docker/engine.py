@@ -20,9 +20,8 @@ from functools import lru_cache
 from typing import Any
 
 import docker
-from docker.errors import APIError, ImageNotFound, NotFound
-
 from corral.operator.constants import L_HASH, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE, MANAGED_BY
+from docker.errors import APIError, ImageNotFound, NotFound
 
 from .desired import DEFAULT_DISK, DockerTemplate
 

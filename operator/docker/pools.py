@@ -12,14 +12,14 @@ import time
 
 import httpx
 
-from corral.operator.claimsapi.models import PoolStatus
 from corral.api import Pool, WarmPool
+from corral.operator.claimsapi.models import PoolStatus
 from corral.operator.core import lifecycle, metrics
 from corral.operator.planning import SlowStart, plan_pool, plan_warm_pool, pool_desired
 
 from . import engine
-from .metrics import RECONCILES, SANDBOX_START
 from .desired import DockerTemplate, name_of, template_of
+from .metrics import RECONCILES, SANDBOX_START
 from .store import SandboxRow, now
 
 log = logging.getLogger("corral.operator.docker")

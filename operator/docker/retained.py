@@ -11,7 +11,7 @@ image, is a 404.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import httpx
@@ -29,11 +29,11 @@ HEALTH_TIMEOUT = 1.0  # seconds an execd has to answer its health endpoint in a 
 
 
 def _ts(t: float | None) -> datetime | None:
-    return datetime.fromtimestamp(t, timezone.utc) if t else None
+    return datetime.fromtimestamp(t, UTC) if t else None
 
 
 class RetainedMixin:
-    async def list_retained(self: "DockerRuntime") -> list[RetainedSandbox]:
+    async def list_retained(self: DockerRuntime) -> list[RetainedSandbox]:
         rows = await self.run(self.store.sandboxes, states=("retained",))
         gate = asyncio.Semaphore(RETAINED_PROBES)
 
@@ -54,17 +54,17 @@ class RetainedMixin:
 
         return list(await asyncio.gather(*(describe(r) for r in rows)))
 
-    async def delete_retained(self: "DockerRuntime", name: str) -> None:
+    async def delete_retained(self: DockerRuntime, name: str) -> None:
         row = await self.run(self.store.sandbox, name)
         if row is None or row.state != "retained":
             raise NotFound(f"no retained sandbox named {name!r}")
         await self.run(self.store.update_sandbox, name, state="deleting")
         await self._delete_sandbox(name)
 
-    async def list_snapshots(self: "DockerRuntime") -> list[Snapshot]:
+    async def list_snapshots(self: DockerRuntime) -> list[Snapshot]:
         return [Snapshot.model_validate(s) for s in await self.run(engine.list_snapshots, self.client, self.s.stack)]
 
-    async def delete_snapshot(self: "DockerRuntime", ref: str) -> None:
+    async def delete_snapshot(self: DockerRuntime, ref: str) -> None:
         outcome = await self.run(engine.remove_snapshot, self.client, self.s.stack, ref, op="remove-image")
         if outcome == "missing":
             raise NotFound(f"no snapshot {ref!r} (an image of another kind is never removed here)")

@@ -15,16 +15,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
 
+from corral.api import Pool
 from corral.operator.claimsapi import (
-    Claim, ClaimRequest, Conflict, ExecdTarget, Invalid, NotFound, Snapshot, SnapshotRequest, Unavailable,
+    Claim,
+    ClaimRequest,
+    Conflict,
+    ExecdTarget,
+    Invalid,
+    NotFound,
+    Snapshot,
+    SnapshotRequest,
+    Unavailable,
 )
 from corral.operator.claimsapi.models import SandboxRef
-from corral.api import Pool
 from corral.operator.core import lifecycle, metrics
 from corral.operator.core import vocabulary as vocab
 from corral.operator.core.admission import Refusal, admit_claim
@@ -168,7 +176,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
 
     # --- claims -----------------------------------------------------------------------------------------------------
     def to_api(self, c: ClaimRow) -> Claim:
-        ts = lambda t: datetime.fromtimestamp(t, timezone.utc) if t else None  # noqa: E731
+        ts = lambda t: datetime.fromtimestamp(t, UTC) if t else None  # noqa: E731
         sandbox = SandboxRef(name=c.sandbox, endpoint=f"/v1/claims/{c.name}/execd") if c.sandbox else None
         return Claim(name=c.name, pool=c.pool, pool_kind=c.pool_kind, phase=c.phase, launch_type=c.launch_type,
                      sandbox=sandbox, created=ts(c.created), ready_at=ts(c.ready_at), expires_at=ts(c.expires_at),
@@ -273,7 +281,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         if c.phase == "Pending" and timeout > 0:
             try:
                 await asyncio.wait_for(ev.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             c = await self._claim(name)
         if c.phase != "Pending":
@@ -444,7 +452,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
             timeout = max(0.05, min(upcoming) - now()) if upcoming else None
             try:
                 await asyncio.wait_for(self._deadline.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
 def _log_failure(task: asyncio.Task) -> None:

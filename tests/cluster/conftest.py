@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
-
 from clusterutil import CLUSTER, REPO, STACK, STACK_CONFIG, DevStack, KindCluster, host_sysctls, script, tool_env
 
 

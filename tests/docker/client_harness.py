@@ -11,18 +11,18 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from operator_harness import REPO, Operator, desired_state, free_port
 
 from corral.components.docker_stack import OperatorProvider
+from corral.operator.docker import desired as df
 from corral.operator.docker import engine
 from corral.operator.docker.image import ensure_image
-from corral.operator.docker import desired as df
-
-from operator_harness import REPO, Operator, desired_state, free_port
 
 CORRAL = str(Path(sys.executable).with_name("corral"))
 

@@ -7,9 +7,10 @@ import secrets
 from typing import Any
 
 import pytest
+from operator_harness import REPO, Operator, desired_state, free_port  # noqa: F401
 
 from corral.operator.docker import engine
-from operator_harness import REPO, Operator, desired_state, free_port  # noqa: F401
+
 # REPO and free_port are re-exported: with several conftest.py files, the one loaded last is the module `conftest`,
 # and other tiers' tests do `from conftest import REPO` (execd's: free_port).
 

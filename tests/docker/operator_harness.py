@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.components import catalogue
-from corral.operator.docker import engine
 from corral.api import Pool
+from corral.components import catalogue
 from corral.operator.docker import desired as df
+from corral.operator.docker import engine
 from corral.operator.docker.desired import DesiredState, docker_template
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ class Operator:
     def http(self, timeout: float = 180.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
 
-    def start(self) -> "Operator":
+    def start(self) -> Operator:
         pools = self.workdir / "pools.json"
         pools.write_text(self.desired.dump())
         env = {**os.environ, "CORRAL_POOLS_FILE": str(pools), "CORRAL_STATE_DIR": str(self.workdir / "state"),

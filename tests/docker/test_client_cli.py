@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from client_harness import CORRAL, local_stack, tmux  # noqa: F401 - local_stack is a fixture
 
 from corral.client import config as cfg
-from client_harness import CORRAL, local_stack, tmux  # noqa: F401 - local_stack is a fixture
 
 pytestmark = pytest.mark.docker
 BIG = 200 * 1024 * 1024

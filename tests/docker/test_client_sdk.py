@@ -9,12 +9,20 @@ import subprocess
 import sys
 
 import pytest
+from client_harness import code_blocks, local_stack, readme_section  # noqa: F401 - local_stack is a fixture
 
 from corral.client import (
-    AsyncClient, ClaimFailed, Client, Conflict, Forbidden, InvalidRequest, NotFound, NotReady, TransportError,
+    AsyncClient,
+    ClaimFailed,
+    Client,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    TransportError,
     Unauthorized,
 )
-from client_harness import code_blocks, local_stack, readme_section  # noqa: F401 - local_stack is a fixture
 
 pytestmark = pytest.mark.docker
 

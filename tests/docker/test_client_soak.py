@@ -10,9 +10,9 @@ import socket
 import time
 
 import pytest
+from client_harness import local_stack, usage  # noqa: F401 - local_stack is a fixture
 
 from corral.client import Client
-from client_harness import local_stack, usage  # noqa: F401 - local_stack is a fixture
 
 pytestmark = pytest.mark.docker
 CYCLES, WARMUP, EVERY = 1000, 50, 100

@@ -9,7 +9,6 @@ from collections import Counter
 
 import httpx
 import pytest
-
 from operator_harness import claim, wait_ready
 
 pytestmark = pytest.mark.docker

@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from corral.operator.docker import engine
-from corral.operator.docker.tokens import execd_token
 from corral.operator.docker import desired as df
+from corral.operator.docker import engine
 from corral.operator.docker.store import Store
+from corral.operator.docker.tokens import execd_token
 
 pytestmark = pytest.mark.docker
 PORT = 44772

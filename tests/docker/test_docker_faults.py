@@ -24,12 +24,11 @@ from pathlib import Path
 import docker
 import httpx
 import pytest
+from operator_harness import Operator, claim, desired_state, wait_ready
 
 from corral.components.docker_stack import OperatorProvider
 from corral.operator.docker import engine
 from corral.operator.docker.image import ensure_image
-
-from operator_harness import Operator, claim, desired_state, wait_ready
 
 pytestmark = pytest.mark.docker
 ENGINE_START = 90.0

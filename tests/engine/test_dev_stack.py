@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from engineutil import wait_namespace_gone
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Secret, ServiceAccount
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
-
-from engineutil import wait_namespace_gone
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from engineutil import gone
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import ConfigMap, Namespace
-
-from engineutil import gone
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 EXAMPLE = REPO / "examples" / "existing-stack"

@@ -17,15 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from engineutil import wait_namespace_gone
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
+from pulumi.provider.experimental.util import camel_case
 
 import corral.components as components
 from corral.components.provider import describe
-from pulumi.provider.experimental.util import camel_case
-
-from engineutil import wait_namespace_gone
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 PROVIDER = REPO / "components" / "provider"

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytestmark = pytest.mark.execd

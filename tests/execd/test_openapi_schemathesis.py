@@ -17,12 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 import schemathesis
+from execdutil import Daemon, launch, stop
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from corral.execd import openapi
-from execdutil import Daemon, launch, stop
 
 DOC = json.loads(openapi.DOCUMENT.read_text())
 SKIP_PATHS = {"/v1/pty/{id}/ws"}

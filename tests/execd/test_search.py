@@ -9,11 +9,10 @@ import time
 
 import httpx
 import pytest
+from execdutil import launch, stop
 
 from corral.execd import fsops
 from corral.execd.globmatch import Glob, GlobError
-
-from execdutil import launch, stop
 
 pytestmark = pytest.mark.execd
 HEALTH_WITHIN = 0.100  # the issue's own bound: health answers within 100 ms while a pathological search runs

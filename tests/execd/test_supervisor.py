@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-
 from execdutil import TOKEN, launch, stop
 
 pytestmark = pytest.mark.execd

@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from kubeutil import Sandbox, SandboxClaim, idle_ready, pool, sandbox_or_none, status, template, wait_until, warm_pool
 from lightkube import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
-
-from kubeutil import Sandbox, SandboxClaim, idle_ready, pool, status, template, wait_until, warm_pool, sandbox_or_none
 
 pytestmark = pytest.mark.kube
 
@@ -127,7 +126,7 @@ def test_cold_claim_renew_and_an_unreachable_execd(kube, operator, api_ns, http,
     sandbox = kube.get(Sandbox, c["sandbox"]["name"], namespace=api_ns)
     assert (sandbox.metadata.labels or {})["corral.dev/claim"] == c["name"]
     expires = datetime.fromisoformat(c["expiresAt"])
-    assert timedelta(seconds=590) < expires - datetime.now(timezone.utc) <= timedelta(seconds=600)
+    assert timedelta(seconds=590) < expires - datetime.now(UTC) <= timedelta(seconds=600)
 
     # renew moves the lease (spec.lifecycle.shutdownTime, which the operator acts on).
     renewed = http.post(f"/v1/claims/{c['name']}/renew", json={"ttlSeconds": 7200})

@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from kubeutil import Sandbox, SandboxClaim, apply_crd, bound, claim, idle_ready, template, wait_until, warm_pool
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Secret
 
 from corral.components.controller_values import APP_VERSION
-from kubeutil import Sandbox, apply_crd, SandboxClaim, bound, claim, idle_ready, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
 

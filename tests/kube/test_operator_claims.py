@@ -2,13 +2,25 @@
 
 import asyncio
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from kubeutil import (
+    Sandbox,
+    SandboxClaim,
+    bound,
+    claim,
+    claim_status,
+    claim_token,
+    idle_ready,
+    sandbox_or_none,
+    status,
+    template,
+    wait_until,
+    warm_pool,
+)
 from lightkube import AsyncClient, KubeConfig
-
-from kubeutil import Sandbox, SandboxClaim, bound, claim, claim_token, claim_status, idle_ready, status, template, wait_until, warm_pool, sandbox_or_none
 
 pytestmark = pytest.mark.kube
 
@@ -83,7 +95,7 @@ def test_disallowed_env_is_a_condition_not_a_retry_storm(kube, operator, ns):
 
 
 def shutdown_at(seconds):
-    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.mark.parametrize("policy", ["Delete", "DeleteForeground", "Retain"])

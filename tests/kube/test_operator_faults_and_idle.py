@@ -5,10 +5,8 @@ import time
 from collections import Counter
 
 import pytest
-
-from lightkube.resources.core_v1 import Namespace
-
 from kubeutil import Sandbox, SandboxClaim, WarmPool, claim, idle_ready, status, template, wait_until, warm_pool
+from lightkube.resources.core_v1 import Namespace
 from test_operator_claims import create_all
 
 pytestmark = pytest.mark.kube

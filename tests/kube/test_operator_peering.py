@@ -10,13 +10,13 @@ import time
 import httpx
 import pytest
 import yaml
+from kubeutil import apply_crd, bound, claim, claim_status, idle_ready, template, wait_until, warm_pool
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from corral.components.controller_values import CHART_DIR
-from kubeutil import apply_crd, bound, claim_status, claim, idle_ready, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
 
@@ -141,9 +141,8 @@ def test_a_resuming_replica_does_not_count_what_was_deleted_while_it_stood_by(ku
     not drop what is gone), so a WarmPool scaled down while this replica stood by would still count the deleted
     sandbox after a takeover and stay one short when scaled up again. Corral checks the indices against the server on
     resume (corral.operator.resync)."""
-    from lightkube.types import PatchType
-
     from kubeutil import Sandbox, WarmPool
+    from lightkube.types import PatchType
 
     def live() -> list[str]:
         return sorted(s.metadata.name for s in kube.list(Sandbox, namespace=ns, labels={"corral.dev/pool": "wp"})

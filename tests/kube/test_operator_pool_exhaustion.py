@@ -6,7 +6,6 @@ import time
 
 import httpx
 import pytest
-
 from kubeutil import SandboxClaim, bound, claim, claim_status, pool, template, wait_until, warm_pool
 
 pytestmark = pytest.mark.kube

@@ -5,10 +5,21 @@ import threading
 import time
 
 import pytest
+from kubeutil import (
+    Pool,
+    Sandbox,
+    SandboxClaim,
+    bound,
+    claim,
+    claim_status,
+    get_or_none,
+    pool,
+    sandbox_or_none,
+    status,
+    template,
+    wait_until,
+)
 from lightkube.resources.core_v1 import Pod
-
-from kubeutil import (Pool, Sandbox, SandboxClaim, bound, claim, claim_status, get_or_none, pool, sandbox_or_none,
-                      status, template, wait_until)
 
 pytestmark = pytest.mark.kube
 

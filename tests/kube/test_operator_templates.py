@@ -1,10 +1,9 @@
 """Template: the managed default NetworkPolicy, Unmanaged removal, and foreign policies left alone."""
 
 import pytest
+from kubeutil import SandboxTemplate, get_or_none, status, template, wait_until
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.types import PatchType
-
-from kubeutil import SandboxTemplate, get_or_none, status, template, wait_until
 
 pytestmark = pytest.mark.kube
 

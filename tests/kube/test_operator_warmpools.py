@@ -5,11 +5,20 @@ import threading
 import time
 
 import pytest
+from kubeutil import (
+    Sandbox,
+    SandboxClaim,
+    SandboxTemplate,
+    WarmPool,
+    claim,
+    idle_ready,
+    status,
+    template,
+    wait_until,
+    warm_pool,
+)
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
-
-from kubeutil import Sandbox, SandboxClaim, SandboxTemplate, WarmPool, claim, idle_ready, status, template, \
-    wait_until, warm_pool
 
 pytestmark = pytest.mark.kube
 

@@ -14,12 +14,15 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
+from hostile_http import peak_rss, post
+from starlette.testclient import TestClient, WebSocketDenialResponse
+
 from corral.api.claim import SandboxClaimSpec
 from corral.api.common import EXECD_ENV_PREFIX
 from corral.operator.claimsapi import (
@@ -31,8 +34,6 @@ from corral.operator.claimsapi import (
     create_app,
 )
 from corral.operator.claimsapi.app import MAX_JSON_BODY
-from hostile_http import peak_rss, post
-from starlette.testclient import TestClient, WebSocketDenialResponse
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -54,7 +55,7 @@ class FakeBackend:
             raise self.fail
 
     def _claim(self, name: str, pool: str = "python") -> Claim:
-        return Claim(name=name, pool=pool, pool_kind="WarmPool", phase="Ready", created=datetime.now(timezone.utc))
+        return Claim(name=name, pool=pool, pool_kind="WarmPool", phase="Ready", created=datetime.now(UTC))
 
     async def create_claim(self, req: ClaimRequest) -> Claim:
         self._record("create", req)
@@ -403,9 +404,9 @@ def test_an_unexpected_error_is_a_500_that_names_no_internals():
 
 # --- the Kubernetes mode's server serves the same guarded app ----------------------------------------------------
 def kube_server_app() -> tuple[Any, list[dict[str, Any]]]:
+    from corral.operator.cache import Cache
     from corral.operator.claimsapi.kube_backend import KubeBackend
     from corral.operator.claimsapi.kube_server import ApiSettings, _Server
-    from corral.operator.cache import Cache
     from corral.operator.leadership import Leadership
 
     created: list[dict[str, Any]] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -18,11 +18,19 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from starlette.testclient import TestClient
 
+from corral.api.wire import SandboxRef
 from corral.operator.claimsapi import (
-    Claim, ClaimRequest, Conflict, ExecdTarget, NotFound, PoolStatus, RetainedSandbox, Snapshot, SnapshotRequest,
+    Claim,
+    ClaimRequest,
+    Conflict,
+    ExecdTarget,
+    NotFound,
+    PoolStatus,
+    RetainedSandbox,
+    Snapshot,
+    SnapshotRequest,
     create_app,
 )
-from corral.api.wire import SandboxRef
 from corral.operator.claimsapi.openapi import DOCUMENT
 
 TOKEN = "t0ken"
@@ -52,7 +60,7 @@ class MemoryBackend:
             return self.claims[req.name]
         self.seq += 1
         name = req.name or f"claim-{self.seq}"
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         claim = Claim(name=name, pool=req.pool, pool_kind=self.POOLS[req.pool], phase="Ready", launch_type="warm",
                       sandbox=SandboxRef(name=f"sbx-{self.seq}", endpoint=f"/v1/claims/{name}/execd"),
                       created=now, ready_at=now, shutdown_policy=req.shutdown_policy, snapshot=req.snapshot,
@@ -71,7 +79,7 @@ class MemoryBackend:
         del self.claims[name]
 
     async def renew_claim(self, name: str, ttl_seconds: int) -> Claim:
-        c = self._get(name).model_copy(update={"expires_at": datetime.now(timezone.utc) + timedelta(seconds=ttl_seconds)})
+        c = self._get(name).model_copy(update={"expires_at": datetime.now(UTC) + timedelta(seconds=ttl_seconds)})
         self.claims[name] = c
         return c
 
@@ -100,7 +108,7 @@ class MemoryBackend:
 
     async def list_retained(self) -> list[RetainedSandbox]:
         return [RetainedSandbox(name="kept-1", template="python", pool="python", claim="c1",
-                                retained_at=datetime.now(timezone.utc), state="running", ready=True)]
+                                retained_at=datetime.now(UTC), state="running", ready=True)]
 
     async def delete_retained(self, name: str) -> None:
         if name != "kept-1":
@@ -108,7 +116,7 @@ class MemoryBackend:
 
     async def list_snapshots(self) -> list[Snapshot]:
         return [Snapshot(claim="c1", image="corral-snapshot/test:c1-1", id="sha256:" + "0" * 64,
-                         created=datetime.now(timezone.utc), size=1 << 20)]
+                         created=datetime.now(UTC), size=1 << 20)]
 
     async def delete_snapshot(self, ref: str) -> None:
         if ref != "corral-snapshot/test:c1-1":

@@ -2,8 +2,8 @@
 
 import json
 
-from corral.operator.builders import blueprint_hash, network_policy, pod_manifest
 from corral.components.catalogue import render
+from corral.operator.builders import blueprint_hash, network_policy, pod_manifest
 
 TEMPLATE = {
     "apiVersion": "corral.dev/v1alpha1", "kind": "SandboxTemplate",

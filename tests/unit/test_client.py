@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import sys
+from datetime import UTC
 from pathlib import Path
 
 import httpx
@@ -16,8 +17,17 @@ from corral.client import _ops as ops
 from corral.client import config as cfg
 from corral.client.cli import _split, app
 from corral.client.errors import (
-    ClaimFailed, Conflict, CorralError, InvalidRequest, NotFound, NotReady, ServerError, TransportError, Unauthorized,
-    Unavailable, error_from,
+    ClaimFailed,
+    Conflict,
+    CorralError,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    ServerError,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+    error_from,
 )
 from corral.client.sync import Client
 
@@ -278,11 +288,11 @@ class Leftovers:
     `kube=True` answers the snapshot routes as the Kubernetes backend does."""
 
     def __init__(self, kube: bool = False) -> None:
-        from datetime import datetime, timezone
+        from datetime import datetime
 
         from corral.operator.claimsapi import RetainedSandbox, Snapshot
 
-        at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+        at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
         self.kube, self.removed = kube, []
         self.kept = {"kept-1": RetainedSandbox(name="kept-1", template="python", pool="python", claim="c1",
                                                retained_at=at, created=at, state="running", ready=True)}
@@ -310,7 +320,8 @@ class Leftovers:
         return list(self.snaps.values())
 
     async def delete_snapshot(self, ref):
-        from corral.operator.claimsapi import Conflict as InUse, NotFound as Missing
+        from corral.operator.claimsapi import Conflict as InUse
+        from corral.operator.claimsapi import NotFound as Missing
 
         self._no_snapshots()
         if ref == "corral-snapshot/st:busy":

@@ -2,14 +2,12 @@
 
 import pulumi
 import pytest
+from pulumi_mocks import MOCKS as mocks
+from pulumi_mocks import install
 
 from corral.api import Capacity
 from corral.components import Pool, PoolArgs, SandboxTemplate, SandboxTemplateArgs, WarmPool, WarmPoolArgs
 from corral.components.catalogue import render
-
-from pulumi_mocks import install
-
-from pulumi_mocks import MOCKS as mocks
 
 
 @pytest.fixture(autouse=True)

@@ -2,13 +2,12 @@
 
 import pulumi
 import pytest
+from pulumi_mocks import MOCKS as mocks
+from pulumi_mocks import install
 
 from corral.components import ControllerDeployment, ControllerDeploymentArgs, OperatorValues
 from corral.components.controller import fullname
 from corral.components.controller_values import ValuesError
-
-from pulumi_mocks import MOCKS as mocks
-from pulumi_mocks import install
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,7 @@
 
 import pytest
 
-from corral.api.crd import all_crds, crd_files, load_committed, main
-from corral.api.crd import CRD_DIR
+from corral.api.crd import CRD_DIR, all_crds, crd_files, load_committed, main
 
 CRDS = {c["spec"]["names"]["kind"]: c for c in all_crds()}
 

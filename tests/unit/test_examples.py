@@ -10,7 +10,6 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-
 from pulumi_mocks import install
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from corral.api.wire import ClaimRequest
+from corral.operator.cache import Cache
 from corral.operator.claimsapi.backend import NotFound, Unavailable
 from corral.operator.claimsapi.kube_backend import KubeBackend, NotSupported
 from corral.operator.claimsapi.kube_server import ApiSettings
-from corral.operator.cache import Cache
 from corral.operator.leadership import Leadership
 
 

@@ -1,8 +1,8 @@
 """The distribution imports as corral.<part>, and `operator` stays the standard library."""
 
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never import one by name
 

@@ -12,18 +12,17 @@ from enum import Enum
 
 import pulumi
 import pytest
+from pulumi.provider.experimental.analyzer import is_input
+from pulumi.provider.experimental.util import camel_case
+from pulumi_mocks import MOCKS as mocks
+from pulumi_mocks import install
 
 import corral.components as components
 from corral.api import Capacity
-from corral.components import resources
 from corral.components import provider as P
+from corral.components import resources
 from corral.components.provider import describe
 from corral.operator.docker import desired as docker_desired
-from pulumi.provider.experimental.analyzer import is_input
-from pulumi.provider.experimental.util import camel_case
-
-from pulumi_mocks import MOCKS as mocks
-from pulumi_mocks import install
 
 NAMES = sorted(P.PYTHON_COMPONENTS)
 

@@ -8,14 +8,15 @@ import asyncio
 
 import pulumi
 import pytest
-from corral.components import _dynamic
-from corral.components._token import ApiToken
-from corral.components._version import __version__
-from corral.components.provider import _crud
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import proto, rpc
 from pulumi_mocks import install
+
+from corral.components import _dynamic
+from corral.components._token import ApiToken
+from corral.components._version import __version__
+from corral.components.provider import _crud
 
 
 @pytest.fixture
