@@ -203,7 +203,7 @@ def release(ctx: typer.Context, names: Annotated[list[str], typer.Argument(help=
     missing = 0
     with run_cli(ctx.obj.client) as client:
         for name in names:
-            if run_cli(lambda: client.release(name)):
+            if run_cli(lambda name=name: client.release(name)):
                 err.print(f"released {name}", highlight=False)
             else:
                 err.print(f"[yellow]no claim named {name}[/yellow]", highlight=False)
@@ -232,7 +232,7 @@ def _remove(ctx: typer.Context, things: list[str], what: str, remove: Any) -> No
     missing = 0
     with run_cli(ctx.obj.client) as client:
         for thing in things:
-            if run_cli(lambda: remove(client, thing)):
+            if run_cli(lambda thing=thing: remove(client, thing)):
                 err.print(f"removed {thing}", highlight=False)
             else:
                 err.print(f"[yellow]no {what} {thing}[/yellow]", highlight=False)

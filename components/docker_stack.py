@@ -121,7 +121,7 @@ class ImageProvider(_Provider):
             image = client.images.get(props["tag"])
         except ImageNotFound:
             if not props.get("build"):
-                raise RuntimeError(f"image {props['tag']} is not on the Docker engine")
+                raise RuntimeError(f"image {props['tag']} is not on the Docker engine") from None
             from corral.operator.docker.image import ensure_image
 
             ensure_image()

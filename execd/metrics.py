@@ -52,7 +52,7 @@ class Metrics:
             elif kind == "histogram":
                 for key, series in sorted(self._hist.get(name, {}).items()):
                     running = 0.0
-                    for bound, count in zip((*BUCKETS, float("inf")), series[:-1]):
+                    for bound, count in zip((*BUCKETS, float("inf")), series[:-1], strict=True):
                         running += count
                         le = "+Inf" if bound == float("inf") else repr(bound)
                         lines.append(f"{name}_bucket{_labels(key, (('le', le),))} {running}")

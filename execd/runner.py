@@ -167,15 +167,15 @@ class Command:
         waiter = asyncio.ensure_future(processes.wait_exit(self.proc))
         try:
             try:
-                returncode = await asyncio.wait_for(asyncio.shield(waiter), self.timeout)
+                await asyncio.wait_for(asyncio.shield(waiter), self.timeout)
             except TimeoutError:
                 self.timed_out = True
                 self.kill(SIGKILL, reason="timeout")
-                returncode = await waiter
+                await waiter
             await self._drain()
         except asyncio.CancelledError:
             self.kill(SIGKILL, reason="cancelled")
-            returncode = self.proc.wait()
+            self.proc.wait()
             raise
         finally:
             for fd in list(self._open):

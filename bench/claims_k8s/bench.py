@@ -112,7 +112,7 @@ class ClaimWatch:
         time.sleep(0.3)
 
     def _run(self, client: Client, ns: str) -> None:
-        for event, obj in client.watch(SandboxClaim, namespace=ns):
+        for _event, obj in client.watch(SandboxClaim, namespace=ns):
             now = time.perf_counter()
             name = obj.metadata.name
             with self.cond:

@@ -44,7 +44,7 @@ def measure(argv: list[str], n: int, env: dict[str, str] | None = None) -> dict[
 
     for _ in range(3):
         once()
-    walls, cpus = zip(*(once() for _ in range(n)))
+    walls, cpus = zip(*(once() for _ in range(n)), strict=True)
     return {"n": n, "wall_p50_s": round(statistics.median(walls), 3), "wall_min_s": round(min(walls), 3),
             "cpu_p50_s": round(statistics.median(cpus), 3), "cpu_min_s": round(min(cpus), 3)}
 

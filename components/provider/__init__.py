@@ -17,8 +17,8 @@ No `from __future__ import annotations` here: the schema is read from evaluated 
 
 import json
 import sys
-from enum import Enum
-from typing import Any, NotRequired, Optional, TypedDict
+from enum import Enum, StrEnum
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 
@@ -32,7 +32,7 @@ __all__ = ["COMPONENTS", "PYTHON_COMPONENTS", "ControllerDeployment", "SandboxTe
            "DockerStack", "describe", "main", "provider", "schema"]
 
 
-class UpdateStrategy(str, Enum):
+class UpdateStrategy(StrEnum):
     """What happens to a WarmPool's idle sandboxes when their template changes."""
 
     ON_REPLENISH = "OnReplenish"
@@ -41,7 +41,7 @@ class UpdateStrategy(str, Enum):
     """Replaced now."""
 
 
-class RecycleStrategy(str, Enum):
+class RecycleStrategy(StrEnum):
     """What happens to a Pool's sandbox when its claim releases it."""
 
     DELETE = "Delete"

@@ -7,7 +7,7 @@ import re
 import types
 import typing
 from enum import Enum
-from typing import Any, Literal, NotRequired, Optional, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel
 
@@ -33,7 +33,7 @@ def _mirror_type(annotation: Any, field: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         assert len(rest) == 1, f"{field}: unions other than Optional are not supported"
-        return Optional[_mirror_type(rest[0], field)]
+        return _mirror_type(rest[0], field) | None
     if origin is list:
         return list[_mirror_type(args[0], field)]
     if origin is dict:

@@ -46,6 +46,6 @@ def claim_ended(pool: str, launch_type: str | None, reason: str) -> None:
 
 
 def pool_sandboxes(namespace: str, pool: str, *, desired: int, ready: int, idle: int, allocated: int) -> None:
-    values = dict(zip(POOL_STATES, (desired, ready, idle, allocated)))
+    values = dict(zip(POOL_STATES, (desired, ready, idle, allocated), strict=True))
     for state, value in values.items():
         POOL_SANDBOXES.labels(namespace=namespace, pool=pool, state=state).set(value)

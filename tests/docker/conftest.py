@@ -7,6 +7,7 @@ import secrets
 from typing import Any
 
 import pytest
+from client_harness import local_stack as local_stack  # the client tests' module-scoped stack, one per module
 from operator_harness import REPO, Operator, desired_state, free_port  # noqa: F401
 
 from corral.operator.docker import engine

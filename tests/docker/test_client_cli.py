@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from client_harness import CORRAL, local_stack, tmux  # noqa: F401 - local_stack is a fixture
+from client_harness import CORRAL, tmux
 
 from corral.client import config as cfg
 

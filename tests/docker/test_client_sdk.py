@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from client_harness import code_blocks, local_stack, readme_section  # noqa: F401 - local_stack is a fixture
+from client_harness import code_blocks, readme_section
 
 from corral.client import (
     AsyncClient,

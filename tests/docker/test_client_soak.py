@@ -10,7 +10,7 @@ import socket
 import time
 
 import pytest
-from client_harness import local_stack, usage  # noqa: F401 - local_stack is a fixture
+from client_harness import usage
 
 from corral.client import Client
 

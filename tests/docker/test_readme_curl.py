@@ -12,7 +12,6 @@ import shutil
 import subprocess
 
 import pytest
-from client_harness import local_stack  # noqa: F401 - a fixture
 from operator_harness import REPO
 
 pytestmark = pytest.mark.docker

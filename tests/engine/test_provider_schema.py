@@ -36,7 +36,7 @@ pytestmark = pytest.mark.engine
 def attribute_docs(cls: type) -> dict[str, str]:
     """The docstrings under a class's annotated attributes, as the schema words them."""
     (node,) = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls))).body
-    return {a.target.id: describe(b.value.value) for a, b in zip(node.body, node.body[1:])
+    return {a.target.id: describe(b.value.value) for a, b in zip(node.body, node.body[1:], strict=False)
             if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
 
 

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engineutil import wait_namespace_gone
@@ -64,7 +65,9 @@ def test_yaml_program_preview_up_no_change_destroy_through_the_provider(pulumi_c
     shutil.copytree(EXAMPLE, work)
     (tmp_path / "components").symlink_to(REPO / "components")
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
-    run = lambda *a, **kw: cli.run(*a, cwd=work, **kw)
+
+    def run(*a: str, **kw: Any) -> Any:
+        return cli.run(*a, cwd=work, **kw)
 
     run("stack", "init", STACK, "--non-interactive")
     try:

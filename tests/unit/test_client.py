@@ -76,7 +76,7 @@ def test_retry_policy_only_repeats_what_is_safe():
     assert r.on_status(post, 1, 503) is None
     assert ops.create_claim(ops.m.ClaimRequest(name="n", pool="p")).idempotent  # named create = safe retry
     delays = [r.delay(i) for i in (1, 2, 3, 4)]
-    assert all(0.05 <= d <= 0.1 * 2 ** (i - 1) for i, d in zip((1, 2, 3, 4), delays))
+    assert all(0.05 <= d <= 0.1 * 2 ** (i - 1) for i, d in zip((1, 2, 3, 4), delays, strict=True))
 
 
 def test_idempotent_calls_are_retried_and_commands_are_not():

@@ -32,7 +32,7 @@ def docs(cls: type) -> dict[str, str]:
     out: dict[str, str] = {}
     (node,) = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls))).body
     body = node.body
-    for stmt, nxt in zip(body, body[1:]):
+    for stmt, nxt in zip(body, body[1:], strict=False):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr) \
                 and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
             out[stmt.target.id] = describe(nxt.value.value)

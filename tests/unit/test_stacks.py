@@ -6,15 +6,14 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
+from pulumi_mocks import MOCKS as mocks
+from pulumi_mocks import install
 
 from corral.components.config import ConfigError, StackConfig, parse_stack_config
 from corral.components.stack import build
 
 REPO = Path(__file__).resolve().parents[2]  # not `from conftest import`: several conftest.py shadow each other
-from pulumi_mocks import install
-
 STACKS = sorted((REPO / "stacks").glob("Pulumi.*.yaml"))
-from pulumi_mocks import MOCKS as mocks
 
 
 def stack_config(path: Path) -> dict:
