@@ -1,5 +1,6 @@
 """corral.api: the resource model, the one source of truth for every Corral kind (group corral.dev/v1alpha1)."""
 
+from .batch import BatchLifecycle, BatchTask, SandboxBatch, SandboxBatchSpec, SandboxBatchStatus
 from .claim import Lifecycle, PoolRef, SandboxClaim, SandboxClaimSpec, SandboxClaimStatus
 from .common import API_VERSION, GROUP, MAX_REPLICAS, VERSION, Condition, LocalRef, ObjectMeta
 from .kinds import BY_KIND, KINDS, CorralValidationError, parse, validate
@@ -13,5 +14,6 @@ __all__ = [
     "Condition", "LocalRef", "ObjectMeta", "SandboxTemplate", "SandboxTemplateSpec", "SandboxBlueprint", "PodTemplate",
     "ExecdSpec", "Sandbox", "SandboxSpec", "SandboxStatus", "WarmPool", "WarmPoolSpec", "WarmPoolStatus",
     "UpdateStrategy", "Pool", "PoolSpec", "PoolStatus", "Capacity", "SandboxClaim", "SandboxClaimSpec",
-    "SandboxClaimStatus", "PoolRef", "Lifecycle",
+    "SandboxClaimStatus", "PoolRef", "Lifecycle", "SandboxBatch", "SandboxBatchSpec", "SandboxBatchStatus", "BatchTask",
+    "BatchLifecycle",
 ]

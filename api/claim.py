@@ -24,6 +24,8 @@ from .common import (
 from .sandbox import LaunchType
 from .template import VolumeClaimTemplate
 
+ShutdownPolicy = Literal["Delete", "DeleteForeground", "Retain"]
+
 
 class PoolRef(Model):
     kind: Literal["WarmPool", "Pool"] = Field(default="WarmPool", description="WarmPool or Pool.")
@@ -35,7 +37,7 @@ class Lifecycle(Model):
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, le=30 * 86400, description="Delete the claim this long after it finished."
     )
-    shutdown_policy: Literal["Delete", "DeleteForeground", "Retain"] = Field(
+    shutdown_policy: ShutdownPolicy = Field(
         default="Delete",
         description=(
             "At shutdownTime: Delete (the sandbox, in the background), DeleteForeground (wait until the sandbox "

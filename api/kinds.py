@@ -1,4 +1,4 @@
-"""The five kinds: their names, printer columns and subresources, and parsing with errors that name the field."""
+"""The six kinds: their names, printer columns and subresources, and parsing with errors that name the field."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .batch import SandboxBatch
 from .claim import SandboxClaim
 from .common import API_VERSION, GROUP, VERSION, CorralObject
 from .pool import Pool
@@ -72,6 +73,16 @@ KINDS: tuple[Kind, ...] = (
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Sandbox", "type": "string", "jsonPath": ".status.sandbox.name"},
         {"name": "Launch", "type": "string", "jsonPath": ".status.launchType"},
+        AGE,
+    )),
+    Kind(SandboxBatch, "SandboxBatch", "sandboxbatches", ("sbxb",), (
+        {"name": "Pool", "type": "string", "jsonPath": ".spec.poolRef.name"},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Bound", "type": "integer", "jsonPath": ".status.bound"},
+        {"name": "Running", "type": "integer", "jsonPath": ".status.running"},
+        {"name": "Succeeded", "type": "integer", "jsonPath": ".status.succeeded"},
+        {"name": "Failed", "type": "integer", "jsonPath": ".status.failed"},
         AGE,
     )),
 )

@@ -32,7 +32,7 @@ def test_check_notices_a_drifted_file(tmp_path):
 def test_chart_crds_are_corrals_and_kopfs_peering():
     names = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
     assert names == ["clusterkopfpeerings.kopf.dev.yaml", "kopfpeerings.kopf.dev.yaml", "pools.corral.dev.yaml",
-                     "sandboxclaims.corral.dev.yaml", "sandboxes.corral.dev.yaml",
+                     "sandboxbatches.corral.dev.yaml", "sandboxclaims.corral.dev.yaml", "sandboxes.corral.dev.yaml",
                      "sandboxtemplates.corral.dev.yaml", "warmpools.corral.dev.yaml"]
 
 

@@ -31,7 +31,8 @@ def test_drift_check_notices_a_change(tmp_path):
 
 
 @pytest.mark.parametrize("kind,short", [("SandboxTemplate", "sbxt"), ("Sandbox", "sbx"), ("WarmPool", "wp"),
-                                        ("Pool", "pool"), ("SandboxClaim", "sbxc")])
+                                        ("Pool", "pool"), ("SandboxClaim", "sbxc"),
+                                        ("SandboxBatch", "sbxb")])
 def test_names_status_subresource_and_printer_columns(kind, short):
     crd = CRDS[kind]
     assert crd["spec"]["group"] == "corral.dev"
