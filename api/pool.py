@@ -35,14 +35,17 @@ class Capacity(Model):
 
 class PoolSpec(Model):
     template_ref: LocalRef = Field(
-        description="The SandboxTemplate to start sandboxes from. Immutable.", json_schema_extra=immutable("templateRef")
+        description="The SandboxTemplate to start sandboxes from. Immutable.",
+        json_schema_extra=immutable("templateRef"),
     )
     capacity: Capacity = Field(default_factory=Capacity)
     recycle_strategy: Literal["Delete", "Restart", "Noop"] = Field(
         default="Delete",
         description="On release: Delete the sandbox, Restart its pod fresh, or Noop (return it to the pool as is).",
     )
-    max_unavailable: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="Most sandboxes deleted at once on scale-down.")
+    max_unavailable: int = Field(
+        default=1, ge=1, le=MAX_REPLICAS, description="Most sandboxes deleted at once on scale-down."
+    )
     readiness_grace_seconds: int = Field(
         default=300, ge=10, le=86400,
         description="An idle sandbox unready for longer than this (since it was made, or since it turned unready) "

@@ -16,7 +16,9 @@ Policy = Literal["Disallowed", "Allowed", "Overrides"]
 class PodTemplate(Model):
     """A pod template: metadata plus a Kubernetes PodSpec (kept as given; Kubernetes validates it)."""
 
-    metadata: TemplateMetadata = Field(default_factory=TemplateMetadata, description="Labels and annotations of the pod.")
+    metadata: TemplateMetadata = Field(
+        default_factory=TemplateMetadata, description="Labels and annotations of the pod."
+    )
     spec: dict[str, Any] = Field(
         description="A Kubernetes PodSpec. Corral adds execd, the secure defaults and its labels on top.",
         json_schema_extra=PRESERVE_UNKNOWN,
@@ -38,8 +40,12 @@ class VolumeClaimTemplate(Model):
     """A PersistentVolumeClaim created per sandbox and mounted by name."""
 
     metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
-    name: str = Field(pattern=DNS_LABEL, max_length=63, description="Volume name; pod containers mount it by this name.")
-    spec: dict[str, Any] = Field(description="A Kubernetes PersistentVolumeClaimSpec.", json_schema_extra=PRESERVE_UNKNOWN)
+    name: str = Field(
+        pattern=DNS_LABEL, max_length=63, description="Volume name; pod containers mount it by this name."
+    )
+    spec: dict[str, Any] = Field(
+        description="A Kubernetes PersistentVolumeClaimSpec.", json_schema_extra=PRESERVE_UNKNOWN
+    )
 
 
 class ServicePort(Model):
@@ -110,7 +116,8 @@ class SandboxTemplateSpec(SandboxBlueprint):
     )
     env_vars_injection_policy: Policy = Field(
         default="Disallowed",
-        description="Whether a claim's env may be applied: Disallowed, Allowed (add new names), Overrides (also replace).",
+        description="Whether a claim's env may be applied: Disallowed, Allowed (add new names), "
+        "Overrides (also replace).",
     )
     volume_claim_templates_policy: Policy = Field(
         default="Disallowed",
@@ -119,7 +126,9 @@ class SandboxTemplateSpec(SandboxBlueprint):
 
 
 class SandboxTemplateStatus(Model):
-    blueprint_hash: str | None = Field(default=None, description="Hash of the blueprint; sandboxes with another are stale.")
+    blueprint_hash: str | None = Field(
+        default=None, description="Hash of the blueprint; sandboxes with another are stale."
+    )
     observed_generation: int | None = None
     network_policy: str | None = Field(default=None, description="Name of the NetworkPolicy Corral manages, if any.")
     conditions: list[Condition] = Field(default_factory=list)

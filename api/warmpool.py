@@ -24,7 +24,8 @@ class WarmPoolSpec(Model):
         default=1, ge=0, le=MAX_REPLICAS, description=f"Ready, unclaimed sandboxes to keep (0..{MAX_REPLICAS})."
     )
     template_ref: LocalRef = Field(
-        description="The SandboxTemplate to start sandboxes from. Immutable.", json_schema_extra=immutable("templateRef")
+        description="The SandboxTemplate to start sandboxes from. Immutable.",
+        json_schema_extra=immutable("templateRef"),
     )
     update_strategy: UpdateStrategy = Field(default_factory=UpdateStrategy)
     readiness_grace_seconds: int = Field(
@@ -36,7 +37,9 @@ class WarmPoolStatus(Model):
     replicas: int = Field(default=0, description="Unclaimed sandboxes that exist (any state).")
     ready_replicas: int = Field(default=0, description="Unclaimed sandboxes that are ready.")
     updated_replicas: int = Field(default=0, description="Unclaimed sandboxes with the current blueprint.")
-    selector: str | None = Field(default=None, description="Label selector of the pool's sandboxes (scale subresource).")
+    selector: str | None = Field(
+        default=None, description="Label selector of the pool's sandboxes (scale subresource)."
+    )
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
 

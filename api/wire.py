@@ -47,7 +47,8 @@ ENV_NAME_SCHEMA = {"pattern": ENV_NAME, "maxLength": MAX_ENV_NAME, "not": {
 
 
 def whole_number(v: object) -> object:
-    """60.0 is the integer 60 in JSON (and JSON Schema); true, "60" and 60.5 stay what they are (strict refuses them)."""
+    """60.0 is the integer 60 in JSON (and JSON Schema); true, "60" and 60.5 stay what they are (strict refuses
+    them)."""
     return int(v) if type(v) is float and v.is_integer() else v
 
 
@@ -138,7 +139,9 @@ class SnapshotRequest(_M):
 
 class Snapshot(_M):
     claim: str | None = Field(description="The claim it was taken from.")
-    image: str = Field(description="Local image reference; pass it as `snapshot` of a new claim or as a template image.")
+    image: str = Field(
+        description="Local image reference; pass it as `snapshot` of a new claim or as a template image."
+    )
     id: str
     created: datetime | None = Field(default=None, description="When it was taken.")
     size: int | None = Field(default=None, description="The image's size in bytes (its layers shared with the "

@@ -46,7 +46,8 @@ __all__ = [
     "Client", "Sandbox", "AsyncClient", "AsyncSandbox", "Terminal", "AsyncTerminal", "Retry",
     "CorralError", "InvalidRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "NotReady", "ClaimFailed",
     "Unavailable", "ServerError", "TransportError",
-    "Claim", "PoolStatus", "Snapshot", "RetainedSandbox", "CommandResult", "CommandStatus", "Output", "Exit", "FileInfo",
+    "Claim", "PoolStatus", "Snapshot", "RetainedSandbox", "CommandResult", "CommandStatus", "Output", "Exit",
+    "FileInfo",
     "SearchResult",
 ]
 

@@ -8,5 +8,5 @@ from .controller_values import OperatorValues
 from .docker_stack import DockerStack, DockerStackArgs
 from .resources import Pool, PoolArgs, SandboxTemplate, SandboxTemplateArgs, WarmPool, WarmPoolArgs
 
-__all__ = ["__version__", "ControllerDeployment", "ControllerDeploymentArgs", "OperatorValues", "DockerStack", "DockerStackArgs", "SandboxTemplate", "SandboxTemplateArgs",
-           "WarmPool", "WarmPoolArgs", "Pool", "PoolArgs"]
+__all__ = ["__version__", "ControllerDeployment", "ControllerDeploymentArgs", "OperatorValues", "DockerStack",
+           "DockerStackArgs", "SandboxTemplate", "SandboxTemplateArgs", "WarmPool", "WarmPoolArgs", "Pool", "PoolArgs"]

@@ -47,9 +47,11 @@ class PoolConfig(Model):
 
 
 class KubernetesConfig(Model):
-    kubeconfig: str | None = Field(default=None, description="Path to a kubeconfig (default: $KUBECONFIG / ~/.kube/config).")
+    kubeconfig: str | None = Field(
+        default=None, description="Path to a kubeconfig (default: $KUBECONFIG / ~/.kube/config).")
     context: str | None = Field(default=None, description="kubeconfig context (default: the current one).")
-    namespace: str = Field(default="corral-sandboxes", pattern=DNS_LABEL, max_length=63, description="Sandbox namespace.")
+    namespace: str = Field(
+        default="corral-sandboxes", pattern=DNS_LABEL, max_length=63, description="Sandbox namespace.")
     create_namespace: bool = Field(default=True, description="Create the sandbox namespace.")
 
 
@@ -68,12 +70,14 @@ class ControllerConfig(Model):
 
 
 class DockerConfig(Model):
-    host: str | None = Field(default=None, description="Docker Engine address (default: $DOCKER_HOST or the local socket).")
+    host: str | None = Field(
+        default=None, description="Docker Engine address (default: $DOCKER_HOST or the local socket).")
     api_port: int = Field(default=7780, ge=1024, le=65535, description="Claims API port, published on 127.0.0.1.")
     internal_networks: list[Name] = Field(
         default_factory=list, description="Templates whose sandboxes get an internal network (no route out).")
     operator_image: str | None = Field(
-        default=None, description="Operator image (default: corral/operator:<key>, built by scripts/operator-image.sh).")
+        default=None,
+        description="Operator image (default: corral/operator:<key>, built by scripts/operator-image.sh).")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Operator log level.")
 
 

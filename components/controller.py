@@ -30,7 +30,7 @@ def fullname(release: str, name_override: str = "") -> str:
 
 
 def chart_crds() -> list[dict[str, Any]]:
-    """The chart's crds/ (Corral's five kinds and kopf's peering kinds), as dicts."""
+    """The chart's crds/ (Corral's six kinds and kopf's peering kinds), as dicts."""
     return [yaml.safe_load(p.read_text()) for p in sorted((CHART_DIR / "crds").glob("*.yaml"))]
 
 
@@ -107,8 +107,8 @@ class ControllerDeployment(pulumi.ComponentResource):
             values = values.model_copy(update={"secrets": values.secrets.model_copy(
                 update={"existing_secret": secret_name})})
         else:
-            existing = k8s.core.v1.Secret.get(f"{name}-existing-tokens", pulumi.Output.concat(namespace, "/", secret_name),
-                                              opts=child)
+            existing = k8s.core.v1.Secret.get(
+                f"{name}-existing-tokens", pulumi.Output.concat(namespace, "/", secret_name), opts=child)
             self.api_token = pulumi.Output.secret(existing.data.apply(
                 lambda d: base64.b64decode((d or {}).get("api-token", "")).decode()))
 

@@ -85,9 +85,9 @@ class Api(Model):
 class Secrets(Model):
     existing_secret: str = Field(
         default="", description="A Secret with keys `token-secret` (HMAC key of per-sandbox execd tokens) and "
-                                "`api-token` (bearer token of the claims API). Empty: the chart creates one with random "
-                                "values once and keeps them across upgrades (Pulumi's ControllerDeployment always "
-                                "passes its own).")
+                                "`api-token` (bearer token of the claims API). Empty: the chart creates one with "
+                                "random values once and keeps them across upgrades (Pulumi's ControllerDeployment "
+                                "always passes its own).")
 
 
 class NetworkPolicy(Model):

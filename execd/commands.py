@@ -23,7 +23,8 @@ DONE_WAIT_SECONDS = 5.0  # after SIGKILL, how long DELETE waits for the command 
 class CommandRequest(BaseModel):
     command: Text | None = Field(None, description="Shell command line, run by `/bin/sh -c`.")
     argv: list[Text] | None = Field(None, min_length=1, description="Program and arguments, run without a shell.")
-    cwd: Text | None = Field(None, description="Working directory (default: the workspace); relative to it if relative.")
+    cwd: Text | None = Field(
+        None, description="Working directory (default: the workspace); relative to it if relative.")
     env: EnvMap = Field(default_factory=dict, description="Added to execd's env and the env from PUT /v1/env.")
     timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS,
                                   description="Seconds; on expiry the whole process tree is SIGKILLed.")

@@ -78,7 +78,8 @@ async def list_directory(request: Request, query: ListQuery) -> Listing:
 
 
 @router.post(
-    "/v1/directories", "Create a directory", body=MkdirRequest, response=FileInfo, status=201, errors=(400, 403, 404, 409)
+    "/v1/directories", "Create a directory", body=MkdirRequest, response=FileInfo, status=201,
+    errors=(400, 403, 404, 409),
 )
 async def make_directory(request: Request, body: MkdirRequest) -> FileInfo:
     """Idempotent: an existing directory is fine; an existing non-directory is 409."""

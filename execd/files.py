@@ -72,7 +72,8 @@ class ReplaceResult(BaseModel):
     replacements: int
 
 
-@router.get("/v1/files/info", "Metadata of a file or directory", query=PathQuery, response=FileInfo, errors=(400, 403, 404))
+@router.get("/v1/files/info", "Metadata of a file or directory", query=PathQuery, response=FileInfo,
+            errors=(400, 403, 404))
 async def info(request: Request, query: PathQuery) -> FileInfo:
     """Follows symlinks (a link resolving outside the roots is 403); see /v1/directories/list to see links as links."""
     return fsops.file_info(get_state(request).target(query.path))
@@ -162,7 +163,8 @@ async def move(request: Request, body: MoveRequest) -> FileInfo:
     return fsops.file_info(dst)
 
 
-@router.post("/v1/files/permissions", "Change mode (and owner)", body=ChmodRequest, response=FileInfo, errors=(400, 403, 404))
+@router.post("/v1/files/permissions", "Change mode (and owner)", body=ChmodRequest, response=FileInfo,
+             errors=(400, 403, 404))
 async def chmod(request: Request, body: ChmodRequest) -> FileInfo:
     """Acts on what `path` resolves to (a symlink inside the roots is followed there, once, at resolution)."""
     target = get_state(request).target(body.path)
@@ -181,7 +183,8 @@ async def chmod(request: Request, body: ChmodRequest) -> FileInfo:
     return fsops.file_info(target)
 
 
-@router.get("/v1/files/search", "Glob search under a directory", query=SearchQuery, response=SearchResult, errors=(400, 403, 404))
+@router.get("/v1/files/search", "Glob search under a directory", query=SearchQuery, response=SearchResult,
+            errors=(400, 403, 404))
 async def search(request: Request, query: SearchQuery) -> SearchResult:
     """Matching costs linear time whatever the pattern, runs in a worker thread, and stops after the daemon's time
     budget (`timed_out`); `truncated` says the matches are not all there are."""
@@ -199,7 +202,8 @@ async def search(request: Request, query: SearchQuery) -> SearchResult:
     return SearchResult(matches=found.matches, truncated=found.truncated, timed_out=found.timed_out)
 
 
-@router.post("/v1/files/replace", "Replace text in a file (atomic)", body=ReplaceRequest, response=ReplaceResult, errors=(400, 403, 404, 413))
+@router.post("/v1/files/replace", "Replace text in a file (atomic)", body=ReplaceRequest, response=ReplaceResult,
+             errors=(400, 403, 404, 413))
 async def replace(request: Request, body: ReplaceRequest) -> ReplaceResult:
     target = get_state(request).target(body.path)
     fd, st = fsops.open_file(target)

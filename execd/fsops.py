@@ -27,7 +27,7 @@ COPY_CHUNK = 1 << 20
 # "convoy effect"). Sleeping briefly every few ms of walking hands the GIL over for certain.
 YIELD_EVERY = 0.004
 YIELD_FOR = 0.0005
-MAX_WALK_DEPTH = 128
+MAX_WALK_DEPTH = 128  # search descends at most this deep (one open fd per level); deeper is reported as truncated
 
 
 class Pacer:
@@ -39,7 +39,7 @@ class Pacer:
     def tick(self) -> None:
         if time.monotonic() > self.next:
             time.sleep(YIELD_FOR)
-            self.next = time.monotonic() + YIELD_EVERY  # search descends at most this deep (one open fd per level); deeper is reported as truncated
+            self.next = time.monotonic() + YIELD_EVERY
 
 
 class FileInfo(BaseModel):
@@ -289,7 +289,8 @@ def search(dir_fd: int, root: str, pattern: str, limit: int, budget: float,
     return SearchOutcome(found, bool(too_deep), False)
 
 
-def walk(dir_fd: int, max_depth: int, too_deep: Callable[[str], None]) -> Iterator[tuple[str, os.stat_result, str | None]]:
+def walk(dir_fd: int, max_depth: int,
+         too_deep: Callable[[str], None]) -> Iterator[tuple[str, os.stat_result, str | None]]:
     """(relative path, lstat, link target) of every entry below `dir_fd`, pre-order with sorted names, down to
     `max_depth` levels (`too_deep(rel)` names each directory not entered). Each directory is opened relative to its
     parent's fd without following links; unreadable ones are skipped."""

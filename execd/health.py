@@ -51,7 +51,8 @@ async def metrics(request: Request) -> Response:
     return Response(get_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@router.put("/v1/env", "Set the env injected into every later command and PTY", body=EnvBody, response=EnvState, errors=(400,))
+@router.put("/v1/env", "Set the env injected into every later command and PTY", body=EnvBody, response=EnvState,
+            errors=(400,))
 async def set_env(request: Request, body: EnvBody) -> EnvState:
     """For the operator: a claim's env reaches an already-warm sandbox without restarting it. The variables are
     merged (after execd's own env, before each request's `env`) into every command and PTY started afterwards;

@@ -55,7 +55,8 @@ def _parameters(ep: Endpoint) -> list[dict[str, Any]]:
         for name, prop in schema.get("properties", {}).items():
             desc = prop.pop("description", "")
             prop.pop("title", None)
-            params.append({"name": name, "in": "query", "required": name in required, "description": desc, "schema": prop})
+            params.append({"name": name, "in": "query", "required": name in required, "description": desc,
+                           "schema": prop})
     return params
 
 
@@ -115,9 +116,11 @@ def _operation(ep: Endpoint) -> dict[str, Any]:
     if ep.description:
         op["description"] = " ".join(ep.description.split())
     if ep.body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=ep.body.__name__)}}}}
+        schema = {"$ref": REF.format(model=ep.body.__name__)}
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     elif ep.request_media is not None:
-        op["requestBody"] = {"required": True, "content": {ep.request_media: {"schema": {"type": "string", "format": "binary"}}}}
+        binary = {"type": "string", "format": "binary"}
+        op["requestBody"] = {"required": True, "content": {ep.request_media: {"schema": binary}}}
     if ep.public:
         op["security"] = []
     return op
@@ -132,7 +135,8 @@ def build() -> dict[str, Any]:
     for ep in endpoints:
         item = paths.setdefault(openapi_path(ep.path), {})
         if ep.websocket and "get" in item:  # the same path also serves plain HTTP (the proxy)
-            item["get"]["description"] = (item["get"].get("description", "") + " Also accepts a WebSocket upgrade.").strip()
+            described = item["get"].get("description", "") + " Also accepts a WebSocket upgrade."
+            item["get"]["description"] = described.strip()
             continue
         for method in (ep.method, *ep.also):
             op = _operation(ep)

@@ -79,7 +79,8 @@ def resolve_cwd(cwd: str | None, workspace: str) -> str:
     return path
 
 
-def spawn(argv: list[str], *, cwd: str, env: dict[str, str], run_as: RunAs | None, **popen_kw: object) -> subprocess.Popen:
+def spawn(argv: list[str], *, cwd: str, env: dict[str, str], run_as: RunAs | None,
+          **popen_kw: object) -> subprocess.Popen:
     """Start `argv` as a session leader. Spawn failures become 4xx errors in the error shape."""
     kw: dict[str, object] = dict(
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
@@ -200,6 +201,7 @@ def utf8_complete_prefix(data: bytes) -> int:
     for back in range(1, min(4, len(data)) + 1):
         byte = data[-back]
         if byte & 0xC0 != 0x80:  # a lead byte or ASCII
-            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+            need = (1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110
+                    else 4 if byte >> 3 == 0b11110 else 1)
             return len(data) - back if need > back else len(data)
     return len(data)

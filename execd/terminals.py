@@ -82,7 +82,8 @@ def _get(state: State, sid: str) -> PtySession:
     return session
 
 
-@router.post("/v1/pty", "Start a process on a pseudo-terminal", body=PtyRequest, response=PtyStatus, status=201, errors=(400, 403))
+@router.post("/v1/pty", "Start a process on a pseudo-terminal", body=PtyRequest, response=PtyStatus, status=201,
+             errors=(400, 403))
 async def create_pty(request: Request, body: PtyRequest) -> PtyStatus:
     """Then connect to `/v1/pty/{id}/ws`. Output produced before that is buffered and replayed."""
     state = get_state(request)
@@ -103,12 +104,14 @@ async def list_ptys(request: Request) -> PtyList:
     return PtyList(sessions=[_status(s) for s in get_state(request).ptys.values()])
 
 
-@router.get("/v1/pty/{id}", "Status of a PTY session", response=PtyStatus, errors=(404,), path_params={"id": "Session id."})
+@router.get("/v1/pty/{id}", "Status of a PTY session", response=PtyStatus, errors=(404,),
+            path_params={"id": "Session id."})
 async def pty_status(request: Request) -> PtyStatus:
     return _status(_get(get_state(request), request.path_params["id"]))
 
 
-@router.delete("/v1/pty/{id}", "End a PTY session (SIGHUP, then SIGKILL)", errors=(404,), path_params={"id": "Session id."})
+@router.delete("/v1/pty/{id}", "End a PTY session (SIGHUP, then SIGKILL)", errors=(404,),
+               path_params={"id": "Session id."})
 async def delete_pty(request: Request) -> None:
     state = get_state(request)
     session = _get(state, request.path_params["id"])

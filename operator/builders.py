@@ -142,8 +142,9 @@ def pod_manifest(
     endpoint (corral.execd.wire.HEALTH_PATH, no token) is the readiness probe. execd's first (idle) token is derived
     by the init container from the namespace's key Secret `key_secret`, mounted into the init container alone, and
     the pod's identity, then handed over in a memory-backed file execd deletes once read: no token in the pod spec or
-    any environment (inject.k8s_key_secret, corral.operator.tokens). Secure defaults (each overridable by the template): no service-account token,
-    non-root (uid 1000), seccomp RuntimeDefault, no privilege escalation, all capabilities dropped.
+    any environment (inject.k8s_key_secret, corral.operator.tokens). Secure defaults (each overridable by the
+    template): no service-account token, non-root (uid 1000), seccomp RuntimeDefault, no privilege escalation, all
+    capabilities dropped.
     """
     meta = sandbox["metadata"]
     spec = sandbox["spec"]

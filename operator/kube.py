@@ -174,7 +174,8 @@ class Kube:
         obj = await self.client.get(RESOURCES[kind], name, namespace=namespace)
         return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
-    async def list_all(self, kind: str, labels: dict[str, str | None] | None = None) -> tuple[list[dict[str, Any]], int]:
+    async def list_all(self, kind: str,
+                       labels: dict[str, str | None] | None = None) -> tuple[list[dict[str, Any]], int]:
         """Every object of a kind in every namespace (labels: value, or None for "has the label"), and the
         collection's resourceVersion as a number (0 if not numeric). For the rare moments the watch-fed indices
         need checking against the server (a replica resuming from a peering pause), never in a loop."""

@@ -174,7 +174,8 @@ def plot(result: dict, samples: dict, path: Path) -> None:
     b.plot(sorted(samples["warm"]), label="warm")
     b.set_title(f"warm claims, sorted (p50 {result['warm']['p50_ms']} ms)")
     b.set_ylabel("ms")
-    fig.suptitle(f"Corral Docker runtime, {result['host']['cpus']} CPUs, load {result['host']['loadavg_at_start'][0]:.1f}")
+    host = result["host"]
+    fig.suptitle(f"Corral Docker runtime, {host['cpus']} CPUs, load {host['loadavg_at_start'][0]:.1f}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -76,7 +76,8 @@ class Operator:
     def writes(self) -> dict[str, float]:
         out = {}
         for line in httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text.splitlines():
-            if line.startswith("corral_api_requests_total") and any(f'verb="{v}"' in line for v in ("create", "patch", "delete")):
+            if line.startswith("corral_api_requests_total") and any(
+                    f'verb="{v}"' in line for v in ("create", "patch", "delete")):
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)
         return out
@@ -199,7 +200,8 @@ async def create_concurrently(kubeconfig: str, ns: str, objs: list) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", str(Path.home() / ".cache/corral/run/cluster/kubeconfig")))
+    default_kubeconfig = str(Path.home() / ".cache/corral/run/cluster/kubeconfig")
+    ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", default_kubeconfig))
     ap.add_argument("--quick", action="store_true", help="smaller numbers, for a smoke run")
     ap.add_argument("--out", type=Path, default=OUT, help="results directory (default: bench/claims_k8s/results)")
     args = ap.parse_args()
@@ -238,13 +240,14 @@ def main() -> None:
         "apiserver_ceiling": ceiling,
     }
     try:
+        sandbox = {"name": "sandbox", "image": "corral/python:bookworm", "command": ["sleep", "infinity"]}
         client.create(SandboxTemplate.from_dict({"metadata": {"name": "py"}, "spec": {"podTemplate": {"spec": {
-            "containers": [{"name": "sandbox", "image": "corral/python:bookworm", "command": ["sleep", "infinity"]}]}}}}),
-            namespace=ns)
+            "containers": [sandbox]}}}}), namespace=ns)
         watch = ClaimWatch(client, ns)
 
         # 1. time to fill a pool
-        client.create(WarmPool.from_dict({"metadata": {"name": "fill"}, "spec": {"replicas": fill_n, "templateRef": {"name": "py"}}}), namespace=ns)
+        client.create(WarmPool.from_dict({"metadata": {"name": "fill"},
+                                          "spec": {"replicas": fill_n, "templateRef": {"name": "py"}}}), namespace=ns)
         results["fill"] = {"sandboxes": fill_n, "seconds": round(wait_ready(client, ns, "fill", fill_n, 900), 2)}
         print("fill", results["fill"], flush=True)
 
@@ -272,7 +275,8 @@ def main() -> None:
         print("warm_sequential", results["warm_sequential"], flush=True)
 
         # 2b. warm claims spaced out (0.5 s apart): the refill after each claim is done before the next one, as
-        # for a fleet claiming at a moderate rate. Back-to-back claims (above) share 2 cores with ~10 refill writes each.
+        # for a fleet claiming at a moderate rate. Back-to-back claims (above) share 2 cores with ~10 refill writes
+        # each.
         spaced = []
         for i in range(seq_n // 2):
             name = f"spaced-{i:04d}"
@@ -298,20 +302,23 @@ def main() -> None:
         wait_ready(client, ns, "fill", fill_n, 900)  # cold claims measured alone, not behind a 300-sandbox refill
 
         # 4. cold claims (a pool with no ready sandboxes)
-        client.create(WarmPool.from_dict({"metadata": {"name": "empty"}, "spec": {"replicas": 0, "templateRef": {"name": "py"}}}), namespace=ns)
+        client.create(WarmPool.from_dict({"metadata": {"name": "empty"},
+                                          "spec": {"replicas": 0, "templateRef": {"name": "py"}}}), namespace=ns)
         cold = []
         for i in range(cold_n):
             name = f"cold-{i:04d}"
             client.create(claim(name, "empty"), namespace=ns)
             watch.wait([name], 120)
             cold.append(name)
-        results["cold_sequential"] = {**summary(watch.latencies_ms(cold)), "launch": sorted(set(watch.launch[n] for n in cold))}
+        results["cold_sequential"] = {**summary(watch.latencies_ms(cold)),
+                                      "launch": sorted(set(watch.launch[n] for n in cold))}
         print("cold_sequential", results["cold_sequential"], flush=True)
 
         # 5. operator memory with many sandboxes
         taken = seq_n + seq_n // 2 + burst_n + cold_n  # claimed sandboxes; the fill pool keeps fill_n idle
         target = max(0, rss_n - fill_n - taken)
-        client.create(WarmPool.from_dict({"metadata": {"name": "big"}, "spec": {"replicas": target, "templateRef": {"name": "py"}}}), namespace=ns)
+        client.create(WarmPool.from_dict({"metadata": {"name": "big"},
+                                          "spec": {"replicas": target, "templateRef": {"name": "py"}}}), namespace=ns)
         time.sleep(2)
         deadline = time.monotonic() + 1200
         while len(list(client.list(Sandbox, namespace=ns))) < rss_n and time.monotonic() < deadline:

@@ -242,7 +242,8 @@ class KubeBackend:
         if body is None or member_of(body).ready:
             return None
         ready = _condition(body.get("status") or {}, "Ready")
-        return f"sandbox {sandbox} is not ready: {ready.get('message') or ready.get('reason') or 'execd is not answering'}"
+        why = ready.get("message") or ready.get("reason") or "execd is not answering"
+        return f"sandbox {sandbox} is not ready: {why}"
 
     def _failed(self, body: dict[str, Any]) -> ClaimFailed:
         cond = _condition(body.get("status") or {}, "Failed") or _condition(body.get("status") or {}, "Bound")

@@ -72,7 +72,8 @@ def warm_pool(name: str, template: str, replicas: int,
               readiness_grace_seconds: int | None = None) -> WarmPool:
     """A WarmPool of the pools file from the DockerStack's flat arguments; what is not given takes the resource
     model's default (no defaults of our own)."""
-    spec = {"templateRef": {"name": template}, **_given(replicas=replicas, readinessGraceSeconds=readiness_grace_seconds)}
+    spec = {"templateRef": {"name": template},
+            **_given(replicas=replicas, readinessGraceSeconds=readiness_grace_seconds)}
     if update_strategy is not None:
         spec["updateStrategy"] = {"type": update_strategy}
     return WarmPool.model_validate({"metadata": {"name": name}, "spec": spec})

@@ -179,7 +179,8 @@ async def _waiting(ctx: Context, body: dict[str, Any], reason: str, message: str
     status = body.get("status") or {}
     gen = body["metadata"].get("generation")
     conditions = set_condition(status.get("conditions"), v.BOUND, False, reason, message, gen)
-    if status.get("phase") != v.PENDING or [c for c in status.get("conditions") or [] if c.get("reason") == reason] == []:
+    same_reason = [c for c in status.get("conditions") or [] if c.get("reason") == reason]
+    if status.get("phase") != v.PENDING or same_reason == []:
         await _status(ctx, body, {"phase": v.PENDING, "observedGeneration": gen, "conditions": conditions})
 
 

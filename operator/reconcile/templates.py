@@ -55,7 +55,8 @@ async def reconcile_template(ctx: Context, ns: str, name: str) -> None:
             ctx.request(kind, ns, pool)
 
 
-async def _network_policy(ctx: Context, body: dict[str, Any], spec: SandboxTemplateSpec) -> tuple[str | None, str | None]:
+async def _network_policy(ctx: Context, body: dict[str, Any],
+                          spec: SandboxTemplateSpec) -> tuple[str | None, str | None]:
     """Converge the template's NetworkPolicy; returns (name it manages or None, problem message or None).
 
     Only a NetworkPolicy owned by this template (owner reference with its uid) is ever changed or deleted; a foreign

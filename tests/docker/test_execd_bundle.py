@@ -67,7 +67,8 @@ def test_bundle_serves_a_command_in_an_image_without_python(container, bundle_ta
     out = r.json()
     assert out["exit_code"] == 0
     assert out["stdout"].startswith("hello from 12") and out["stdout"].endswith("no-python\n")
-    up = httpx.post(url + "/v1/files/upload", params={"path": "/tmp/x.bin"}, headers=headers, content=b"\x00\xff" * 1000)
+    up = httpx.post(url + "/v1/files/upload", params={"path": "/tmp/x.bin"}, headers=headers,
+                    content=b"\x00\xff" * 1000)
     assert up.status_code == 200
     down = httpx.get(url + "/v1/files/download", params={"path": "/tmp/x.bin"}, headers=headers)
     assert down.content == b"\x00\xff" * 1000

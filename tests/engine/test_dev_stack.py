@@ -54,7 +54,8 @@ def test_dev_stack_up_is_stable_and_destroy_cleans_up(pulumi_cli, kube_cluster, 
         assert not any("secrets" in (r.resources or []) for r in rules)
         assert kube.get(ClusterRoleBinding, "corral").subjects[0].name == "corral"
         assert [p.metadata.name for p in kube.list(NetworkPolicy, namespace="corral-system")] == ["corral"]
-        assert "corral-default-deny" in [p.metadata.name for p in kube.list(NetworkPolicy, namespace="corral-sandboxes")]
+        assert "corral-default-deny" in [p.metadata.name
+                                         for p in kube.list(NetworkPolicy, namespace="corral-sandboxes")]
 
         # Nothing drifts: a second preview proposes no change.
         run("preview", "--stack", "dev", "--non-interactive", "--expect-no-changes", "--diff")

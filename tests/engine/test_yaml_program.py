@@ -55,7 +55,8 @@ def test_yaml_program_preview_up_no_change_destroy_through_the_provider(pulumi_c
     env = without_corral_python(pulumi_cli.env)
     env["KUBECONFIG"] = kube_cluster.kubeconfig
     # Only the provider's own interpreter can run Corral here: `python3` on this PATH has neither it nor pulumi.
-    probe = subprocess.run(["python3", "-c", "import corral.components, pulumi"], env=env, capture_output=True, check=False)
+    probe = subprocess.run(["python3", "-c", "import corral.components, pulumi"], env=env, capture_output=True,
+                           check=False)
     assert probe.returncode != 0, "python3 on PATH imports Corral: this test would not show which Python ran"
     cli = dataclasses.replace(pulumi_cli, env=env)
 

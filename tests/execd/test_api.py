@@ -30,7 +30,8 @@ def concrete(path: str) -> str:
 
 def test_openapi_document_is_current():
     """Fails when a route changes without `python -m corral.execd.openapi` being rerun."""
-    proc = subprocess.run([sys.executable, "-m", "corral.execd.openapi", "--check"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "corral.execd.openapi", "--check"], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 

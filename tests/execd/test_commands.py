@@ -166,7 +166,8 @@ def test_run_disconnect_kills_the_tree(daemon):
 def test_background_status_logs_interrupt(client):
     r = client.post(
         "/v1/command",
-        json={"command": "trap 'echo got-term; exit 5' TERM; echo started; while :; do sleep 0.05; done", "background": True},
+        json={"command": "trap 'echo got-term; exit 5' TERM; echo started; while :; do sleep 0.05; done",
+              "background": True},
     )
     assert r.status_code == 202, r.text
     cid = r.json()["id"]

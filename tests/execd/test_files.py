@@ -160,7 +160,8 @@ def test_info_move_chmod_delete(client, ws_dir):
     src.write_text("again")
     r = client.post("/v1/files/mv", json={"source": str(src), "destination": str(dst)})
     assert r.status_code == 409 and r.json()["code"] == "exists"
-    assert client.post("/v1/files/mv", json={"source": str(src), "destination": str(dst), "overwrite": True}).status_code == 200
+    assert client.post("/v1/files/mv",
+                       json={"source": str(src), "destination": str(dst), "overwrite": True}).status_code == 200
     assert dst.read_text() == "again"
     r = client.post("/v1/files/permissions", json={"path": str(dst), "mode": "0600"})
     assert r.json()["mode"] == "0600" and (os.stat(dst).st_mode & 0o777) == 0o600
@@ -175,7 +176,8 @@ def test_info_move_chmod_delete(client, ws_dir):
 def test_move_across_roots(daemon, client, ws_dir):
     (ws_dir / "m.txt").write_text("m")
     dst = daemon.scratch / "m.txt"
-    assert client.post("/v1/files/mv", json={"source": str(ws_dir / "m.txt"), "destination": str(dst)}).status_code == 200
+    assert client.post("/v1/files/mv",
+                       json={"source": str(ws_dir / "m.txt"), "destination": str(dst)}).status_code == 200
     assert dst.read_text() == "m"
 
 
@@ -209,7 +211,8 @@ def test_replace_in_file(client, ws_dir):
     assert (os.stat(f).st_mode & 0o777) == 0o640
     r = client.post("/v1/files/replace", json={"path": str(f), "old": "nope", "new": "x"})
     assert r.json()["replacements"] == 0
-    assert client.post("/v1/files/replace", json={"path": str(ws_dir / "missing"), "old": "a", "new": "b"}).status_code == 404
+    assert client.post("/v1/files/replace",
+                       json={"path": str(ws_dir / "missing"), "old": "a", "new": "b"}).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -299,6 +302,7 @@ def test_move_to_another_filesystem_copies_links_as_links(two_filesystems):
         assert r.status_code == 409
     moved = d.scratch / "tree"
     assert not tree.exists()
-    assert (moved / "sub" / "x.sh").read_text() == "#!/bin/sh\n" and (moved / "sub" / "x.sh").stat().st_mode & 0o777 == 0o750
+    assert (moved / "sub" / "x.sh").read_text() == "#!/bin/sh\n" \
+        and (moved / "sub" / "x.sh").stat().st_mode & 0o777 == 0o750
     assert os.readlink(moved / "out") == str(d.outside / "secret.txt")  # the link itself, not the secret's bytes
     assert not [p for p in os.listdir(d.scratch) if p.endswith(".execd-tmp")]

@@ -245,7 +245,8 @@ def test_retained_sandboxes_are_listed_and_deleted_through_the_api(kube, operato
     assert (entry["claim"], entry["pool"], entry["template"]) == (f"keep-{uid}", f"wp-{uid}", f"py-{uid}")
     assert entry["retainedAt"] and entry["created"] and entry["state"] and entry["ready"] is True, entry
     meta = sandbox_or_none(kube, api_ns, kept).metadata
-    assert meta.labels["corral.dev/retained"] == "true" and meta.annotations["corral.dev/retained-from"] == f"keep-{uid}"
+    assert meta.labels["corral.dev/retained"] == "true" \
+        and meta.annotations["corral.dev/retained-from"] == f"keep-{uid}"
 
     (member,) = wait_ready_pool(kube, api_ns, f"wp-{uid}", 1)  # the refill: a pool's sandbox, never listed here
     assert member.metadata.name not in retained()

@@ -37,7 +37,8 @@ def tools() -> dict[str, str]:
 def run(*args: str, kubeconfig: str | None = None, stdin: str | None = None) -> str:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())} | ({"KUBECONFIG": kubeconfig} if kubeconfig else {})
     proc = subprocess.run(list(args), input=stdin, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
@@ -65,7 +66,8 @@ def chart_installed(kube, kube_cluster, corral_crds, rendered):
     rbac = [d for d in rendered if d["kind"] in RBAC_KINDS]
     for crd in peering:  # kept until the session ends (corral_crds removes them): a CRD deleted and re-created
         apply_crd(kube, crd)  # mid-session leaves watches on it silent, which is what kopf peering runs on
-    run(kubectl, "apply", "--server-side", "-f", "-", kubeconfig=kube_cluster.kubeconfig, stdin=yaml.safe_dump_all(rbac))
+    run(kubectl, "apply", "--server-side", "-f", "-", kubeconfig=kube_cluster.kubeconfig,
+        stdin=yaml.safe_dump_all(rbac))
     yield rendered
     for d in rbac:
         run(kubectl, "delete", "--ignore-not-found", "-f", "-", kubeconfig=kube_cluster.kubeconfig,

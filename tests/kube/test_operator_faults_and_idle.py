@@ -56,7 +56,8 @@ def test_sigkill_during_a_100_claim_burst(kube, kube_cluster, operator, ns):
 
 def test_idle_operator_makes_no_api_calls_and_restarts_with_500_sandboxes(kube, operator, ns):
     # Other tests' namespaces are deleted in the background; their teardown is not "idle". Wait for it.
-    wait_until(lambda: not [n for n in kube.list(Namespace) if n.metadata.name.startswith("t-") and n.metadata.name != ns],
+    wait_until(lambda: not [n for n in kube.list(Namespace)
+                            if n.metadata.name.startswith("t-") and n.metadata.name != ns],
                300, 2, "other test namespaces gone")
     kube.create(template("py"), namespace=ns)
     kube.create(warm_pool("wp", "py", 500), namespace=ns)

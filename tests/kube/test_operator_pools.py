@@ -141,7 +141,8 @@ def test_allocated_pod_deleted_is_replaced_and_lost_sandbox_fails_the_claim(kube
     old = kube.get(Pod, name, namespace=ns).metadata.uid
     kube.delete(Pod, name, namespace=ns)
     t0 = time.monotonic()
-    wait_until(lambda: (p := _pod(kube, ns, name)) and p.metadata.uid != old and ready(kube.get(Sandbox, name, namespace=ns)),
+    wait_until(lambda: (p := _pod(kube, ns, name)) and p.metadata.uid != old
+               and ready(kube.get(Sandbox, name, namespace=ns)),
                30, what="replacement pod")
     assert time.monotonic() - t0 < 15
     assert bound(kube, ns, "c")["sandbox"]["name"] == name

@@ -43,7 +43,8 @@ def test_valid_objects_are_accepted_and_defaulted(kube, corral_crds, ns):
 def test_template_ref_is_immutable(kube, corral_crds, ns):
     kube.create(warm_pool("wp"), namespace=ns)
     with pytest.raises(ApiError) as exc:
-        kube.patch(WarmPool, "wp", {"spec": {"templateRef": {"name": "other"}}}, namespace=ns, patch_type=PatchType.MERGE)
+        kube.patch(WarmPool, "wp", {"spec": {"templateRef": {"name": "other"}}}, namespace=ns,
+                   patch_type=PatchType.MERGE)
     assert exc.value.status.code == 422
     assert "templateRef is immutable" in exc.value.status.message
     # Other fields stay mutable.

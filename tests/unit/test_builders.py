@@ -28,7 +28,8 @@ def test_pod_has_execd_and_secure_defaults():
     assert main["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert main["securityContext"]["allowPrivilegeEscalation"] is False
     assert main["command"][:2] == ["/bin/sh", "-c"] and main["command"][-2:] == ["sleep", "infinity"]
-    assert main["readinessProbe"]["httpGet"] == {"path": "/v1/health", "port": 44772}   # what execd serves without a token
+    # what execd serves without a token
+    assert main["readinessProbe"]["httpGet"] == {"path": "/v1/health", "port": 44772}
     assert spec["initContainers"][0]["image"] == "corral/execd:1"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "s-uid"
     assert pod["metadata"]["labels"]["corral.dev/sandbox"] == "s1"

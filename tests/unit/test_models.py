@@ -13,7 +13,8 @@ VALID = {
     "SandboxTemplate": {"spec": {"podTemplate": POD}},
     "Sandbox": {"spec": {"podTemplate": POD, "operatingMode": "Running"}},
     "WarmPool": {"spec": {"replicas": 3, "templateRef": {"name": "python"}}},
-    "Pool": {"spec": {"templateRef": {"name": "python"}, "capacity": {"bufferMin": 1, "bufferMax": 2, "poolMin": 0, "poolMax": 5}}},
+    "Pool": {"spec": {"templateRef": {"name": "python"},
+                      "capacity": {"bufferMin": 1, "bufferMax": 2, "poolMin": 0, "poolMax": 5}}},
     "SandboxClaim": {"spec": {"poolRef": {"kind": "WarmPool", "name": "python"}}},
 }
 
@@ -70,7 +71,8 @@ INVALID = [
     ("SandboxClaim", "spec.timeoutSeconds", 0, "spec.timeoutSeconds"),
     ("SandboxClaim", "spec.poolRef.kind", "Deployment", "spec.poolRef.kind"),
     ("SandboxClaim", "spec.env", [{"name": "1BAD=NAME", "value": "x"}], "spec.env.0.name"),
-    ("SandboxClaim", "spec.additionalPodMetadata.labels", {"corral.dev/pool": "x"}, "spec.additionalPodMetadata.labels"),
+    ("SandboxClaim", "spec.additionalPodMetadata.labels", {"corral.dev/pool": "x"},
+     "spec.additionalPodMetadata.labels"),
     ("SandboxClaim", "spec.lifecycle.shutdownPolicy", "Keep", "spec.lifecycle.shutdownPolicy"),
 ]
 

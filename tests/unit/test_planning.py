@@ -10,7 +10,8 @@ def m(name, ready=True, h="new", created=0.0, node="n1", claim=None, deleting=Fa
                   deleting=deleting)
 
 
-@pytest.mark.parametrize("n,batches", [(0, []), (1, [1]), (3, [1, 2]), (10, [1, 2, 4, 3]), (100, [1, 2, 4, 8, 16, 32, 32, 5])])
+@pytest.mark.parametrize("n,batches", [(0, []), (1, [1]), (3, [1, 2]), (10, [1, 2, 4, 3]),
+                                       (100, [1, 2, 4, 8, 16, 32, 32, 5])])
 def test_slow_start(n, batches):
     assert slow_start(n, cap=32) == batches
     assert sum(slow_start(n)) == n

@@ -58,7 +58,8 @@ def test_nested_errors_name_the_path():
 def test_values_from_the_engine_arrive_as_json_strings():
     import json
 
-    raw = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in stack_config(REPO / "stacks/Pulumi.dev.yaml").items()}
+    dev = stack_config(REPO / "stacks/Pulumi.dev.yaml")
+    raw = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in dev.items()}
     assert parse_stack_config(raw).warm_pools[0].replicas == 2
 
 
