@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corral.api import Pool, WarmPool
+from corral.operator.core.vocabulary import PoolKind
 
 DEFAULT_EXECD_PORT = 44772
 DEFAULT_USER = "1000:1000"      # non-root; numeric, so it works in images without a passwd entry
@@ -112,7 +113,7 @@ class DesiredState(_M):
     def _refs(self) -> DesiredState:
         names = {t.name for t in self.templates}
         seen: set[str] = set()
-        for p in [*self.warm_pools, *self.pools]:
+        for p in self.all_pools():
             if not p.metadata.name:
                 raise ValueError(f"a {p.kind} of the pools file has no metadata.name")
             if template_of(p) not in names:
@@ -125,9 +126,13 @@ class DesiredState(_M):
     def template(self, name: str) -> DockerTemplate:
         return next(t for t in self.templates if t.name == name)
 
-    def pool(self, name: str) -> tuple[str, WarmPool | Pool] | None:
+    def all_pools(self) -> list[WarmPool | Pool]:
+        """The WarmPools, then the Pools."""
+        return [*self.warm_pools, *self.pools]
+
+    def pool(self, name: str) -> tuple[PoolKind, WarmPool | Pool] | None:
         """The pool of that name, with its kind."""
-        for p in [*self.warm_pools, *self.pools]:
+        for p in self.all_pools():
             if name_of(p) == name:
                 return p.kind, p
         return None

@@ -18,6 +18,7 @@ from corral.operator.core import lifecycle, metrics
 from corral.operator.planning import SlowStart, plan_pool, plan_warm_pool, pool_desired
 
 from . import engine
+from .base import RuntimeBase
 from .desired import DockerTemplate, name_of, template_of
 from .metrics import RECONCILES, SANDBOX_START
 from .store import SandboxRow, now
@@ -33,8 +34,8 @@ def desired_size(spec: WarmPool | Pool, allocated: int) -> int:
     return pool_desired(buffer_min=cap.buffer_min, pool_min=cap.pool_min, pool_max=cap.pool_max, allocated=allocated)
 
 
-class PoolsMixin:
-    """Part of DockerRuntime (runtime.py): the attributes used here are set up there."""
+class PoolsMixin(RuntimeBase):
+    """Part of DockerRuntime (runtime.py): the attributes used here are set up there (declared in base.py)."""
 
     def _plan(self, pool: str):
         found = self.desired.pool(pool)
@@ -67,7 +68,7 @@ class PoolsMixin:
         """GET /v1/pools: every pool of the pools file with its counts, from one read of the store."""
         rows = await self.run(self.store.sandboxes)
         out = []
-        for spec in [*self.desired.warm_pools, *self.desired.pools]:
+        for spec in self.desired.all_pools():
             mine = [r for r in rows if r.pool == name_of(spec)]
             idle = [r for r in mine if r.claim is None and r.state in ("creating", "ready")]
             allocated = sum(1 for r in mine if r.claim is not None or r.state in ("releasing", "recycling"))

@@ -8,16 +8,19 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from . import engine
+from .base import RuntimeBase
 from .desired import template_of
 from .store import ClaimRow, SandboxRow, now
 
 log = logging.getLogger("corral.operator.docker")
 
 
-class RecoveryMixin:
-    """Part of DockerRuntime (runtime.py): the attributes used here are set up there."""
+class RecoveryMixin(RuntimeBase):
+    """Part of DockerRuntime (runtime.py): the attributes used here are set up there (declared in base.py)."""
 
     def _watch_events(self) -> None:
         """Container die/destroy/oom and health events of this stack's sandboxes; on a broken stream (dockerd
@@ -45,14 +48,18 @@ class RecoveryMixin:
                         continue
                     if action.startswith("health_status"):
                         if action.endswith("unhealthy"):
-                            self._loop.call_soon_threadsafe(lambda n=name: self.spawn(self._on_unhealthy(n)))
+                            self._loop.call_soon_threadsafe(self._spawn_for, self._on_unhealthy, name)
                     else:
-                        self._loop.call_soon_threadsafe(lambda n=name: self.spawn(self._on_gone(n)))
+                        self._loop.call_soon_threadsafe(self._spawn_for, self._on_gone, name)
             except Exception as exc:  # noqa: BLE001 - the engine went away; retry
                 log.warning("docker events stream broke (%s); reconnecting", exc)
             first = False
             time.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _spawn_for(self, handler: Callable[[str], Coroutine[Any, Any, None]], name: str) -> None:
+        """On the loop (call_soon_threadsafe from the event thread): run `handler(name)` as a task."""
+        self.spawn(handler(name))
 
     async def _on_gone(self, name: str) -> None:
         row = await self.run(self.store.sandbox, name)
@@ -118,12 +125,12 @@ class RecoveryMixin:
                     await self.run(self.store.remove_sandbox, row.name)
                 else:
                     await self._lose(row, "the sandbox container is gone (engine restarted or removed)")
-            elif engine.health_of(c.attrs) == "unhealthy":  # the event went by while the stream was down
+            elif c is not None and engine.health_of(c.attrs) == "unhealthy":  # went by while the stream was down
                 await self._on_unhealthy(row.name)
-        for c in await self.run(self.store.claims, phases=("Pending",)):
-            if c.sandbox and await self.run(self.store.sandbox, c.sandbox):
+        for claim in await self.run(self.store.claims, phases=("Pending",)):
+            if claim.sandbox and await self.run(self.store.sandbox, claim.sandbox) is not None:
                 continue
-            self._restart_cold(c)
+            self._restart_cold(claim)
         self._arm_deadlines()
         if wake:
             self.wake()

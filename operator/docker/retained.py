@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import httpx
 
 from corral.operator.claimsapi import Conflict, NotFound, RetainedSandbox, Snapshot
 
 from . import engine
+from .base import RuntimeBase
 from .store import SandboxRow
-
-if TYPE_CHECKING:
-    from .runtime import DockerRuntime
 
 RETAINED_PROBES = 16  # concurrent state/health probes of one listing
 HEALTH_TIMEOUT = 1.0  # seconds an execd has to answer its health endpoint in a listing
@@ -32,8 +29,8 @@ def _ts(t: float | None) -> datetime | None:
     return datetime.fromtimestamp(t, UTC) if t else None
 
 
-class RetainedMixin:
-    async def list_retained(self: DockerRuntime) -> list[RetainedSandbox]:
+class RetainedMixin(RuntimeBase):
+    async def list_retained(self) -> list[RetainedSandbox]:
         rows = await self.run(self.store.sandboxes, states=("retained",))
         gate = asyncio.Semaphore(RETAINED_PROBES)
 
@@ -54,17 +51,17 @@ class RetainedMixin:
 
         return list(await asyncio.gather(*(describe(r) for r in rows)))
 
-    async def delete_retained(self: DockerRuntime, name: str) -> None:
+    async def delete_retained(self, name: str) -> None:
         row = await self.run(self.store.sandbox, name)
         if row is None or row.state != "retained":
             raise NotFound(f"no retained sandbox named {name!r}")
         await self.run(self.store.update_sandbox, name, state="deleting")
         await self._delete_sandbox(name)
 
-    async def list_snapshots(self: DockerRuntime) -> list[Snapshot]:
+    async def list_snapshots(self) -> list[Snapshot]:
         return [Snapshot.model_validate(s) for s in await self.run(engine.list_snapshots, self.client, self.s.stack)]
 
-    async def delete_snapshot(self: DockerRuntime, ref: str) -> None:
+    async def delete_snapshot(self, ref: str) -> None:
         outcome = await self.run(engine.remove_snapshot, self.client, self.s.stack, ref, op="remove-image")
         if outcome == "missing":
             raise NotFound(f"no snapshot {ref!r} (an image of another kind is never removed here)")

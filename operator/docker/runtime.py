@@ -166,7 +166,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         self.wake()
 
     def _start_workers(self) -> None:
-        names = {name_of(p) for p in [*self.desired.warm_pools, *self.desired.pools]}
+        names = {name_of(p) for p in self.desired.all_pools()}
         names |= {r.pool for r in self.store.sandboxes() if r.pool}
         for name in names:
             if name not in self._workers or self._workers[name].done():
@@ -179,7 +179,8 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         ts = lambda t: datetime.fromtimestamp(t, UTC) if t else None  # noqa: E731
         sandbox = SandboxRef(name=c.sandbox, endpoint=f"/v1/claims/{c.name}/execd") if c.sandbox else None
         return Claim(name=c.name, pool=c.pool, pool_kind=c.pool_kind, phase=c.phase, launch_type=c.launch_type,
-                     sandbox=sandbox, created=ts(c.created), ready_at=ts(c.ready_at), expires_at=ts(c.expires_at),
+                     sandbox=sandbox, created=datetime.fromtimestamp(c.created, UTC), ready_at=ts(c.ready_at),
+                     expires_at=ts(c.expires_at),
                      shutdown_policy=c.shutdown_policy, snapshot=c.snapshot, message=c.message)
 
     async def _claim(self, name: str) -> ClaimRow:

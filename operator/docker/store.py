@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from corral.operator.core.vocabulary import ApiLaunchType, ApiPhase, PoolKind
 from corral.operator.planning import Member
 
 SCHEMA = """
@@ -93,14 +94,14 @@ class SandboxRow:
 class ClaimRow:
     name: str
     pool: str
-    pool_kind: str
-    phase: str
+    pool_kind: PoolKind
+    phase: ApiPhase
     created: float
     sandbox: str | None = None
-    launch_type: str | None = None
+    launch_type: ApiLaunchType | None = None
     ready_at: float | None = None
     expires_at: float | None = None
-    shutdown_policy: str = "Delete"
+    shutdown_policy: Literal["Delete", "Retain"] = "Delete"
     env: dict[str, str] = field(default_factory=dict)
     snapshot: str | None = None
     message: str | None = None
