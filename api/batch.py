@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from .claim import EnvVar, PoolRef, ShutdownPolicy
 from .common import MAX_ENV_VARS, MAX_REPLICAS, NO_NUL, Condition, CorralObject, Model, immutable
@@ -21,7 +21,7 @@ BATCH_INDEX_ENV = "CORRAL_BATCH_INDEX"
 MAX_ARGV = 1024
 MAX_COMMAND = 65536
 
-TASK_RULES = [
+TASK_RULES: list[JsonValue] = [
     {"rule": "has(self.argv) != has(self.command)", "message": "set exactly one of argv and command"},
     {"rule": f"!has(self.env) || !self.env.exists(e, e.name == '{BATCH_INDEX_ENV}')",
      "message": f"{BATCH_INDEX_ENV} is set by Corral (the replica's index)"},
@@ -31,7 +31,7 @@ TASK_RULES = [
 class BatchTask(Model):
     """What each replica runs: `argv` (no shell) or `command` (a `/bin/sh -c` line), exactly one."""
 
-    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": TASK_RULES}}
+    model_config = ConfigDict(**Model.model_config, json_schema_extra={"x-kubernetes-validations": TASK_RULES})
 
     argv: list[str] | None = Field(
         default=None, min_length=1, max_length=MAX_ARGV, description="Program and arguments, run without a shell.")

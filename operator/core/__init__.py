@@ -8,6 +8,7 @@ Docker runtime (`corral.operator.docker`), decide from here, so a rule changed h
 - `admission`: whether a claim's env and volumes may be applied to its template (the templates' policies);
 - `lifecycle`: readiness grace, claim timeout, lease (ttlSeconds / shutdownTime) and ttlSecondsAfterFinished;
 - `metrics`: the metrics both runtimes export, with one set of names and labels;
+- `batches`: what a SandboxBatch's replicas run, how a task's end is judged, a batch's phase and counts;
 - pool sizing, slow start and adoption order are `corral.operator.planning` (pure planners, older than this package).
 
 Pure functions and small types only: no I/O, no Kubernetes or Docker client.
