@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from . import commands, directories, files, health, proxy, terminals
+from . import commands, directories, files, health, proxy, terminals, waits
 from .endpoints import Router, routes
 from .errors import HANDLERS
 from .metrics import new_metrics
@@ -17,7 +17,7 @@ from .settings import Settings
 from .state import State
 
 ROUTERS: list[Router] = [
-    health.router, commands.router, files.router, directories.router, terminals.router, proxy.router
+    health.router, commands.router, waits.router, files.router, directories.router, terminals.router, proxy.router
 ]
 
 
