@@ -95,7 +95,7 @@ class Context:
     settings: Settings
     kube: Kube
     cache: Cache
-    queue: WorkQueue | None = None
+    queue: WorkQueue[tuple[str, str, str]] | None = None
     token_key: bytes = b""
     leadership: Leadership = field(default_factory=Leadership)
     creates: Expectations = field(default_factory=Expectations)

@@ -162,6 +162,12 @@ async def cleanup(**_: Any) -> None:
             await context._http.aclose()
 
 
+def _ns(namespace: str | None) -> str:
+    """kopf types `namespace` for every resource; all the kinds watched here are namespaced, so it is always set."""
+    assert namespace is not None, "a namespaced resource without a namespace"
+    return namespace
+
+
 def _body(body: Any) -> dict[str, Any]:
     return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": dict(body["metadata"]),
             "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}
@@ -172,18 +178,18 @@ def _body(body: Any) -> dict[str, Any]:
 # operator's CPU in a claim burst); these are pure dict work.
 
 @kopf.index(GROUP, VERSION, "sandboxtemplates")
-async def templates_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): _body(body)}
+async def templates_idx(namespace: str | None, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(_ns(namespace), name): _body(body)}
 
 
 @kopf.index(GROUP, VERSION, "warmpools")
-async def warmpools_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): _body(body)}
+async def warmpools_idx(namespace: str | None, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(_ns(namespace), name): _body(body)}
 
 
 @kopf.index(GROUP, VERSION, "pools")
-async def pools_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): _body(body)}
+async def pools_idx(namespace: str | None, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(_ns(namespace), name): _body(body)}
 
 
 # One index per kind, each object under several keys (see Cache): kopf's cost is per handler per event, so one
@@ -191,18 +197,18 @@ async def pools_idx(namespace: str, name: str, body: Any, **_: Any) -> dict[Any,
 # operator's CPU in a claim burst).
 
 @kopf.index(GROUP, VERSION, "sandboxclaims")
-async def claims_idx(namespace: str, name: str, spec: Any, body: Any, **_: Any) -> dict[Any, Any]:
-    return claim_keys(namespace, name, spec, _body(body))
+async def claims_idx(namespace: str | None, name: str, spec: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    return claim_keys(_ns(namespace), name, spec, _body(body))
 
 
 @kopf.index(GROUP, VERSION, "sandboxes")
-async def sandboxes_idx(namespace: str, name: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
-    return sandbox_keys(namespace, name, labels, _body(body))
+async def sandboxes_idx(namespace: str | None, name: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    return sandbox_keys(_ns(namespace), name, labels, _body(body))
 
 
 @kopf.index("", "v1", "pods", labels={L_SANDBOX: kopf.PRESENT, L_MANAGED_BY: MANAGED_BY})
-async def pods_idx(namespace: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[L_SANDBOX]): PodInfo.of(_body(body))}
+async def pods_idx(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(_ns(namespace), labels[L_SANDBOX]): PodInfo.of(_body(body))}
 
 
 # ---- events -> reconcile requests ------------------------------------------------------------------------------
@@ -214,25 +220,26 @@ def _bind(kwargs: dict[str, Any]) -> Context:
 
 
 @kopf.on.event(GROUP, VERSION, "sandboxtemplates")
-async def on_template(namespace: str, name: str, **kwargs: Any) -> None:
+async def on_template(namespace: str | None, name: str, **kwargs: Any) -> None:
     metrics.EVENTS.labels(kind="SandboxTemplate").inc()
-    _bind(kwargs).request("SandboxTemplate", namespace, name)
+    _bind(kwargs).request("SandboxTemplate", _ns(namespace), name)
 
 
 @kopf.on.event(GROUP, VERSION, "warmpools")
-async def on_warmpool(namespace: str, name: str, **kwargs: Any) -> None:
+async def on_warmpool(namespace: str | None, name: str, **kwargs: Any) -> None:
     metrics.EVENTS.labels(kind="WarmPool").inc()
-    _bind(kwargs).request("WarmPool", namespace, name)
+    _bind(kwargs).request("WarmPool", _ns(namespace), name)
 
 
 @kopf.on.event(GROUP, VERSION, "pools")
-async def on_pool(namespace: str, name: str, **kwargs: Any) -> None:
+async def on_pool(namespace: str | None, name: str, **kwargs: Any) -> None:
     metrics.EVENTS.labels(kind="Pool").inc()
-    _bind(kwargs).request("Pool", namespace, name)
+    _bind(kwargs).request("Pool", _ns(namespace), name)
 
 
 @kopf.on.event(GROUP, VERSION, "sandboxclaims")
-async def on_claim(event: dict[str, Any], namespace: str, name: str, body: Any, **kwargs: Any) -> None:
+async def on_claim(event: kopf.RawEvent, namespace: str | None, name: str, body: Any, **kwargs: Any) -> None:
+    namespace = _ns(namespace)
     metrics.EVENTS.labels(kind="SandboxClaim").inc()
     context = _bind(kwargs)
     context.request("SandboxClaim", namespace, name)
@@ -244,7 +251,8 @@ async def on_claim(event: dict[str, Any], namespace: str, name: str, body: Any, 
 
 
 @kopf.on.event(GROUP, VERSION, "sandboxes")
-async def on_sandbox(namespace: str, name: str, labels: Any, **kwargs: Any) -> None:
+async def on_sandbox(namespace: str | None, name: str, labels: Any, **kwargs: Any) -> None:
+    namespace = _ns(namespace)
     metrics.EVENTS.labels(kind="Sandbox").inc()
     context = _bind(kwargs)
     context.request("Sandbox", namespace, name)
@@ -259,9 +267,9 @@ async def on_sandbox(namespace: str, name: str, labels: Any, **kwargs: Any) -> N
 
 
 @kopf.on.event("", "v1", "pods", labels={L_SANDBOX: kopf.PRESENT, L_MANAGED_BY: MANAGED_BY})
-async def on_pod(namespace: str, labels: Any, **kwargs: Any) -> None:
+async def on_pod(namespace: str | None, labels: Any, **kwargs: Any) -> None:
     metrics.EVENTS.labels(kind="Pod").inc()
-    _bind(kwargs).request("Sandbox", namespace, labels[L_SANDBOX])
+    _bind(kwargs).request("Sandbox", _ns(namespace), labels[L_SANDBOX])
 
 
 @kopf.on.probe(id="queue")

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
+import httpx2  # lightkube's HTTP client
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.generic_resource import create_namespaced_resource
@@ -37,7 +38,9 @@ WarmPoolRes = create_namespaced_resource(GROUP, VERSION, "WarmPool", "warmpools"
 PoolRes = create_namespaced_resource(GROUP, VERSION, "Pool", "pools")
 SandboxClaimRes = create_namespaced_resource(GROUP, VERSION, "SandboxClaim", "sandboxclaims")
 
-RESOURCES = {
+# lightkube's typed models (Pod, ...) and its generic, dict-like resources (Corral's kinds): the lightkube path below
+# takes both by duck typing (from_dict or the constructor, to_dict or dict(), .Status), which its overloads cannot say.
+RESOURCES: dict[str, Any] = {
     "SandboxTemplate": SandboxTemplateRes, "Sandbox": SandboxRes, "WarmPool": WarmPoolRes, "Pool": PoolRes,
     "SandboxClaim": SandboxClaimRes, "Pod": Pod, "PersistentVolumeClaim": PersistentVolumeClaim,
     "Service": Service, "NetworkPolicy": NetworkPolicy, "Secret": Secret,
@@ -71,6 +74,8 @@ class FastHttp:
     def from_kubeconfig(cls, kubeconfig: KubeConfig) -> FastHttp | None:
         """None when the kubeconfig needs auth this path does not do (lightkube then serves every call)."""
         config = kubeconfig.get()
+        if config is None:
+            return None
         user, cluster = config.user, config.cluster
         if user is None or user.exec or user.auth_provider:
             return None
@@ -121,7 +126,7 @@ class FastHttp:
                     if payload.get("kind") != "Status":
                         payload = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": resp.status,
                                    "message": raw.decode(errors="replace")[:500] or resp.reason}
-                    raise ApiError(status=Status.from_dict(payload))
+                    raise ApiError(status=cast(Status, Status.from_dict(payload)))  # typed as its DictMixin base
                 return payload
         raise AssertionError("unreachable")
 
@@ -140,7 +145,7 @@ class Kube:
     @classmethod
     def from_env(cls, kubeconfig: str | None = None) -> Kube:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
-        client = AsyncClient(config=config, field_manager=FIELD_MANAGER, timeout=30)
+        client = AsyncClient(config=config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(30))
         try:
             fast = FastHttp.from_kubeconfig(config or KubeConfig.from_env())
         except Exception:  # noqa: BLE001 - anything unusual in the config: lightkube serves every call
@@ -163,8 +168,9 @@ class Kube:
             return await self.fast.request("POST", _path(kind, obj["metadata"]["namespace"]), obj,
                                            params={"fieldManager": FIELD_MANAGER})
         res = RESOURCES[kind]
-        created = await self.client.create(res.from_dict(obj) if hasattr(res, "from_dict") else res(obj),
-                                           namespace=obj["metadata"].get("namespace"))
+        # lightkube's overload for namespaced resources omits the namespace= its implementation takes
+        created = await self.client.create(  # type: ignore[call-overload]
+            res.from_dict(obj) if hasattr(res, "from_dict") else res(obj), namespace=obj["metadata"].get("namespace"))
         return created.to_dict() if hasattr(created, "to_dict") else dict(created)
 
     async def get(self, kind: str, name: str, namespace: str) -> dict[str, Any]:

@@ -13,13 +13,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 log = logging.getLogger("corral.operator.queue")
 
-Key = Hashable
+Key = TypeVar("Key", bound=Hashable)  # what a reconcile request names (the operator's: (kind, namespace, name))
 
 
-class WorkQueue:
+class WorkQueue(Generic[Key]):
     def __init__(self, handler: Callable[[Key], Awaitable[None]], workers: int = 32,
                  max_backoff: float = 60.0, priority: Callable[[Key], int] = lambda key: 0) -> None:
         self._handler = handler
