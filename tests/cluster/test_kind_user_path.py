@@ -224,6 +224,69 @@ def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster,
         kind_cluster.kubectl("-n", SBX_NS, "delete", "sandboxclaims", *names, "--wait=false", check=False)
 
 
+KILL_EXECD = ("import os, signal\n"
+              "for pid in os.listdir('/proc'):\n"
+              "    try:\n"
+              "        if pid.isdigit() and open(f'/proc/{pid}/comm').read().strip() == 'execd':\n"
+              "            os.kill(int(pid), signal.SIGKILL); print('killed', pid)\n"
+              "    except OSError:\n"
+              "        pass\n")
+
+
+def kill_execd(cluster, pod: str) -> None:
+    """SIGKILL to execd's supervisor and server inside the pod, as the sandbox's own uid (what hostile code can do)."""
+    out = cluster.kubectl("-n", SBX_NS, "exec", pod, "--", "python3", "-c", KILL_EXECD, timeout=60).stdout
+    assert out.count("killed") >= 2, out  # the supervisor and its server
+
+
+def pod_ready(cluster, name: str) -> bool:
+    return ready(cluster.json("-n", SBX_NS, "get", "pod", name))
+
+
+def test_a_killed_execd_fails_the_real_readiness_probe_and_is_never_handed_out(kind_cluster, dev_stack, client):
+    """execd killed for good (supervisor and server) in an idle and in a bound sandbox: the kubelet's readiness probe
+    turns the pods unready, the idle one is not handed to a claim and its WarmPool replaces it after the grace, and
+    the bound claim is not shown Ready. Sandbox pods carry no execd token in their spec."""
+    import json as _json
+
+    def idle_ready_pods():
+        found = [p for p in pods(kind_cluster, SBX_NS, "corral.dev/pool=python")
+                 if ready(p) and "corral.dev/claim" not in p["metadata"]["labels"]]
+        return len(found) >= 2 and found
+
+    python_pods = wait_until(idle_ready_pods, 600, what="two idle Ready python sandboxes", interval=2)
+    for pod in python_pods:
+        assert 'CORRAL_EXECD_TOKEN"' not in _json.dumps(pod["spec"])
+        (init,) = pod["spec"]["initContainers"]
+        assert {e["name"] for e in init["env"]} == {"CORRAL_EXECD_KEY_FILE", "CORRAL_EXECD_POD_NAMESPACE",
+                                                    "CORRAL_EXECD_POD_NAME", "CORRAL_EXECD_POD_UID"}
+    grace = kind_cluster.json("-n", SBX_NS, "get", "warmpool", "python")["spec"].get("readinessGraceSeconds", 300)
+    kind_cluster.kubectl("-n", SBX_NS, "patch", "warmpool", "python", "--type", "merge",
+                         "-p", '{"spec": {"readinessGraceSeconds": 15}}')
+    try:
+        victim = python_pods[0]["metadata"]["name"]
+        kill_execd(kind_cluster, victim)
+        wait_until(lambda: not pod_ready(kind_cluster, victim), 60, what=f"{victim} unready (the kubelet's probe)")
+        with client.claim(pool="python", ttl=600, timeout=300) as sbx:
+            claim = kind_cluster.json("-n", SBX_NS, "get", "sandboxclaim", sbx.name)
+            mine = claim["status"]["sandbox"]["name"]
+            assert mine != victim, "a sandbox whose execd is dead was handed to a claim"
+            assert sbx.commands.run("echo ok").stdout == "ok\n"
+            kill_execd(kind_cluster, mine)
+            wait_until(lambda: sbx.refresh().phase != "Ready", 60, what="the bound claim no longer Ready")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # and it stays so: nothing brings a dead execd back
+                claim_now = sbx.refresh()
+                assert claim_now.phase != "Ready" and "not ready" in (claim_now.message or ""), claim_now
+                time.sleep(1)
+        wait_until(lambda: not [s for s in kind_cluster.json("-n", SBX_NS, "get", "sandboxes")["items"]
+                                if s["metadata"]["name"] == victim and not s["metadata"].get("deletionTimestamp")],
+                   180, what=f"{victim} replaced by its WarmPool", interval=2)
+    finally:
+        kind_cluster.kubectl("-n", SBX_NS, "patch", "warmpool", "python", "--type", "merge",
+                             "-p", _json.dumps({"spec": {"readinessGraceSeconds": grace}}), check=False)
+
+
 def test_destroy_leaves_nothing_behind(kind_cluster, dev_stack):
     running = [p for p in pods(kind_cluster, SBX_NS, "app.kubernetes.io/managed-by=corral-operator") if ready(p)]
     assert len(running) >= 3, "destroy is tested on a running stack: its warm pool's sandboxes Ready"
