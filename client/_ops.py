@@ -9,7 +9,7 @@ import random
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
@@ -20,10 +20,11 @@ from .errors import CorralError, TransportError, error_from
 USER_AGENT = "corral-client/0.1"
 RETRY_STATUS = {502, 503, 504}
 UNSET: Any = object()   # "the client's default timeout" (None means no timeout)
+R = TypeVar("R")
 
 
 @dataclass
-class Call:
+class Call(Generic[R]):
     method: str
     path: str
     json: Any = None
@@ -31,8 +32,12 @@ class Call:
     content: Any = None
     idempotent: bool = False
     timeout: Any = UNSET
-    parse: Callable[[httpx.Response], Any] | None = None
+    parse: Callable[[httpx.Response], R] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+
+    def result(self, resp: httpx.Response) -> R:
+        """The parsed answer; a Call without a parser is a Call[None]."""
+        return self.parse(resp) if self.parse else cast(R, None)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Retry:
     max_backoff: float = 5.0
 
     def delay(self, attempt: int) -> float:
-        base = min(self.max_backoff, self.backoff * (2 ** (attempt - 1)))
+        base = min(self.max_backoff, self.backoff * (2.0 ** (attempt - 1)))
         return base * (0.5 + random.random() / 2)
 
     def on_error(self, call: Call, attempt: int, exc: Exception) -> float | None:
@@ -80,65 +85,65 @@ def new_claim_name() -> str:
 
 
 # --- the claims API ---------------------------------------------------------------------------------------------
-def create_claim(req: m.ClaimRequest) -> Call:
+def create_claim(req: m.ClaimRequest) -> Call[m.Claim]:
     return Call("POST", "/v1/claims", json=req.model_dump(mode="json", by_alias=True, exclude_none=True),
                 idempotent=req.name is not None, timeout=req.timeout_seconds + 30.0,
                 parse=lambda r: m.Claim.model_validate(r.json()))
 
 
-def get_claim(name: str) -> Call:
+def get_claim(name: str) -> Call[m.Claim]:
     return Call("GET", f"/v1/claims/{q(name)}", idempotent=True, parse=lambda r: m.Claim.model_validate(r.json()))
 
 
-def list_claims(pool: str | None = None) -> Call:
+def list_claims(pool: str | None = None) -> Call[list[m.Claim]]:
     return Call("GET", "/v1/claims", params={"pool": pool} if pool else None, idempotent=True,
                 parse=lambda r: [m.Claim.model_validate(c) for c in r.json()["items"]])
 
 
-def delete_claim(name: str) -> Call:
+def delete_claim(name: str) -> Call[None]:
     return Call("DELETE", f"/v1/claims/{q(name)}", idempotent=True)
 
 
-def renew(name: str, ttl: int) -> Call:
+def renew(name: str, ttl: int) -> Call[m.Claim]:
     return Call("POST", f"/v1/claims/{q(name)}/renew", json={"ttlSeconds": int(ttl)}, idempotent=True,
                 parse=lambda r: m.Claim.model_validate(r.json()))
 
 
-def pause(name: str) -> Call:
+def pause(name: str) -> Call[m.Claim]:
     return Call("POST", f"/v1/claims/{q(name)}/pause", idempotent=True,
                 parse=lambda r: m.Claim.model_validate(r.json()))
 
 
-def resume(name: str) -> Call:
+def resume(name: str) -> Call[m.Claim]:
     return Call("POST", f"/v1/claims/{q(name)}/resume", idempotent=True,
                 parse=lambda r: m.Claim.model_validate(r.json()))
 
 
-def snapshot(name: str, tag: str | None) -> Call:
+def snapshot(name: str, tag: str | None) -> Call[m.Snapshot]:
     return Call("POST", f"/v1/claims/{q(name)}/snapshot", json={"tag": tag} if tag else {}, idempotent=tag is not None,
                 timeout=600.0, parse=lambda r: m.Snapshot.model_validate(r.json()))
 
 
-def list_pools() -> Call:
+def list_pools() -> Call[list[m.PoolStatus]]:
     return Call("GET", "/v1/pools", idempotent=True,
                 parse=lambda r: [m.PoolStatus.model_validate(p) for p in r.json()["items"]])
 
 
-def list_retained() -> Call:
+def list_retained() -> Call[list[m.RetainedSandbox]]:
     return Call("GET", "/v1/retained", idempotent=True,
                 parse=lambda r: [m.RetainedSandbox.model_validate(s) for s in r.json()["items"]])
 
 
-def delete_retained(name: str) -> Call:
+def delete_retained(name: str) -> Call[None]:
     return Call("DELETE", f"/v1/retained/{q(name)}", idempotent=True)
 
 
-def list_snapshots() -> Call:
+def list_snapshots() -> Call[list[m.Snapshot]]:
     return Call("GET", "/v1/snapshots", idempotent=True,
                 parse=lambda r: [m.Snapshot.model_validate(s) for s in r.json()["items"]])
 
 
-def delete_snapshot(ref: str) -> Call:
+def delete_snapshot(ref: str) -> Call[None]:
     # A reference keeps its '/' and ':' (the route takes the rest of the path); anything else is escaped.
     return Call("DELETE", f"/v1/snapshots/{quote(ref, safe='/:@')}", idempotent=True, timeout=120.0)
 
@@ -162,40 +167,40 @@ def command_timeout(timeout: float | None) -> float | None:
     return None if timeout is None else timeout + 30.0
 
 
-def run(base: str, body: dict[str, Any]) -> Call:
+def run(base: str, body: dict[str, Any]) -> Call[m.CommandResult]:
     return Call("POST", f"{base}/v1/command", json=body, timeout=command_timeout(body.get("timeout")),
                 parse=lambda r: m.CommandResult.from_wire(r.json()))
 
 
-def background(base: str, body: dict[str, Any]) -> Call:
+def background(base: str, body: dict[str, Any]) -> Call[m.CommandStatus]:
     return Call("POST", f"{base}/v1/command", json=body, parse=lambda r: m.CommandStatus.model_validate(r.json()))
 
 
-def command_status(base: str, cid: str) -> Call:
+def command_status(base: str, cid: str) -> Call[m.CommandStatus]:
     return Call("GET", f"{base}/v1/command/{q(cid)}", idempotent=True,
                 parse=lambda r: m.CommandStatus.model_validate(r.json()))
 
 
-def command_logs(base: str, cid: str, cursor: int) -> Call:
+def command_logs(base: str, cid: str, cursor: int) -> Call[m.Logs]:
     return Call("GET", f"{base}/v1/command/{q(cid)}/logs", params={"cursor": cursor}, idempotent=True,
                 parse=lambda r: m.Logs.from_wire(r.json()))
 
 
-def interrupt(base: str, cid: str, sig: str) -> Call:
+def interrupt(base: str, cid: str, sig: str) -> Call[m.CommandStatus]:
     return Call("DELETE", f"{base}/v1/command/{q(cid)}", params={"signal": sig}, idempotent=True,
                 parse=lambda r: m.CommandStatus.model_validate(r.json()))
 
 
-def file_info(base: str, path: str) -> Call:
+def file_info(base: str, path: str) -> Call[m.FileInfo]:
     return Call("GET", f"{base}/v1/files/info", params={"path": path}, idempotent=True,
                 parse=lambda r: m.FileInfo.model_validate(r.json()))
 
 
-def read(base: str, path: str) -> Call:
+def read(base: str, path: str) -> Call[bytes]:
     return Call("GET", f"{base}/v1/files/download", params={"path": path}, idempotent=True, parse=lambda r: r.content)
 
 
-def upload(base: str, path: str, content: Any, *, mode: str | None, mkdir: bool, replayable: bool) -> Call:
+def upload(base: str, path: str, content: Any, *, mode: str | None, mkdir: bool, replayable: bool) -> Call[m.FileInfo]:
     params: dict[str, Any] = {"path": path, "mkdir": "true" if mkdir else "false"}
     if mode:
         params["mode"] = mode
@@ -204,27 +209,27 @@ def upload(base: str, path: str, content: Any, *, mode: str | None, mkdir: bool,
                 parse=lambda r: m.FileInfo.model_validate(r.json()))
 
 
-def remove_file(base: str, path: str) -> Call:
+def remove_file(base: str, path: str) -> Call[None]:
     return Call("DELETE", f"{base}/v1/files", params={"path": path}, idempotent=True)
 
 
-def remove_dir(base: str, path: str, recursive: bool) -> Call:
+def remove_dir(base: str, path: str, recursive: bool) -> Call[None]:
     return Call("DELETE", f"{base}/v1/directories", params={"path": path, "recursive": str(recursive).lower()},
                 idempotent=True, timeout=None)
 
 
-def move(base: str, source: str, destination: str, overwrite: bool) -> Call:
+def move(base: str, source: str, destination: str, overwrite: bool) -> Call[m.FileInfo]:
     return Call("POST", f"{base}/v1/files/mv",
                 json={"source": source, "destination": destination, "overwrite": overwrite},
                 parse=lambda r: m.FileInfo.model_validate(r.json()))
 
 
-def mkdir(base: str, path: str, parents: bool, mode: str) -> Call:
+def mkdir(base: str, path: str, parents: bool, mode: str) -> Call[m.FileInfo]:
     return Call("POST", f"{base}/v1/directories", json={"path": path, "parents": parents, "mode": mode},
                 idempotent=True, parse=lambda r: m.FileInfo.model_validate(r.json()))
 
 
-def list_page(base: str, path: str, depth: int, limit: int, cursor: str | None) -> Call:
+def list_page(base: str, path: str, depth: int, limit: int, cursor: str | None) -> Call[m.Listing]:
     params: dict[str, Any] = {"path": path, "depth": depth, "limit": limit}
     if cursor:
         params["cursor"] = cursor
@@ -232,27 +237,27 @@ def list_page(base: str, path: str, depth: int, limit: int, cursor: str | None) 
                 parse=lambda r: m.Listing.model_validate(r.json()))
 
 
-def search(base: str, path: str, pattern: str, limit: int) -> Call:
+def search(base: str, path: str, pattern: str, limit: int) -> Call[m.SearchResult]:
     return Call("GET", f"{base}/v1/files/search", params={"path": path, "pattern": pattern, "limit": limit},
                 idempotent=True, parse=lambda r: m.SearchResult.model_validate(r.json()))
 
 
-def replace(base: str, path: str, old: str, new: str, count: int | None) -> Call:
+def replace(base: str, path: str, old: str, new: str, count: int | None) -> Call[int]:
     body: dict[str, Any] = {"path": path, "old": old, "new": new}
     if count is not None:
         body["count"] = count
     return Call("POST", f"{base}/v1/files/replace", json=body, parse=lambda r: r.json()["replacements"])
 
 
-def pty_create(base: str, body: dict[str, Any]) -> Call:
+def pty_create(base: str, body: dict[str, Any]) -> Call[m.PtyStatus]:
     return Call("POST", f"{base}/v1/pty", json=body, parse=lambda r: m.PtyStatus.model_validate(r.json()))
 
 
-def pty_status(base: str, pid: str) -> Call:
+def pty_status(base: str, pid: str) -> Call[m.PtyStatus]:
     return Call("GET", f"{base}/v1/pty/{q(pid)}", idempotent=True, parse=lambda r: m.PtyStatus.model_validate(r.json()))
 
 
-def pty_delete(base: str, pid: str) -> Call:
+def pty_delete(base: str, pid: str) -> Call[None]:
     return Call("DELETE", f"{base}/v1/pty/{q(pid)}", idempotent=True)
 
 
@@ -282,7 +287,8 @@ class SSE:
     """Feed lines, get (event, data) pairs at each blank line."""
 
     def __init__(self) -> None:
-        self.event, self.data = "message", []
+        self.event = "message"
+        self.data: list[str] = []
 
     def feed(self, line: str) -> tuple[str, str] | None:
         if not line:

@@ -11,7 +11,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Generic, TypeVar
+from typing import IO, Any, Generic, Literal, Protocol, TypeVar
 
 import httpx
 from pydantic import ValidationError
@@ -24,24 +24,33 @@ from .terminal import AsyncTerminal
 
 CHUNK = 1 << 20
 Progress = Callable[[int], Any]
-T = TypeVar("T")
+
+
+class _Closes(Protocol):
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+
+T = TypeVar("T", bound=_Closes)
+R = TypeVar("R")
 
 
 class _Opening(Generic[T]):
     """What claim() and pty() return: await it for the object, or `async with` it to also close/release it."""
 
     def __init__(self, make: Callable[[], Awaitable[T]]):
-        self._make, self._obj = make, None
+        self._make: Callable[[], Awaitable[T]] = make
+        self._obj: T | None = None
 
     def __await__(self) -> Generator[Any, None, T]:
         return self._make().__await__()
 
     async def __aenter__(self) -> T:
-        self._obj = await self._make()
-        return self._obj  # type: ignore[return-value]
+        self._obj = obj = await self._make()
+        return obj
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self._obj.__aexit__(*exc)  # type: ignore[union-attr]
+        assert self._obj is not None, "__aexit__ without __aenter__"
+        await self._obj.__aexit__(*exc)
 
 
 class AsyncClient:
@@ -88,12 +97,13 @@ class AsyncClient:
                 raise error_from(resp.status_code, body, method=call.method, path=call.path)
             await asyncio.sleep(delay)
 
-    async def call(self, call: ops.Call) -> Any:
+    async def call(self, call: ops.Call[R]) -> R:
         resp = await self._send(call)
-        return call.parse(resp) if call.parse else None
+        return call.result(resp)
 
     def claim(self, pool: str, *, env: Mapping[str, str] | None = None, ttl: int | None = None,
-              name: str | None = None, snapshot: str | None = None, shutdown_policy: str = "Delete",
+              name: str | None = None, snapshot: str | None = None,
+              shutdown_policy: Literal["Delete", "Retain"] = "Delete",
               timeout: float = 120.0) -> _Opening[AsyncSandbox]:
         """See Client.claim. `sbx = await client.claim(...)`, or `async with client.claim(...) as sbx:` (released
         on exit)."""
@@ -101,7 +111,8 @@ class AsyncClient:
                                             shutdown_policy=shutdown_policy, timeout=timeout))
 
     async def _claim(self, pool: str, *, env: Mapping[str, str] | None, ttl: int | None, name: str | None,
-                     snapshot: str | None, shutdown_policy: str, timeout: float) -> AsyncSandbox:
+                     snapshot: str | None, shutdown_policy: Literal["Delete", "Retain"],
+                     timeout: float) -> AsyncSandbox:
         try:
             req = m.ClaimRequest(name=name or ops.new_claim_name(), pool=pool, env=dict(env or {}), ttl_seconds=ttl,
                                  snapshot=snapshot, shutdown_policy=shutdown_policy, timeout_seconds=timeout)
@@ -184,7 +195,7 @@ class AsyncSandbox:
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.name!r}, pool={self.claim.pool!r}, phase={self.claim.phase!r})"
 
-    async def _call(self, call: ops.Call) -> Any:
+    async def _call(self, call: ops.Call[R]) -> R:
         return await self._client.call(call)
 
     async def refresh(self) -> m.Claim:
@@ -246,8 +257,8 @@ class AsyncCommands:
                      env: Mapping[str, str] | None = None, timeout: float | None = None,
                      user: str | None = None) -> AsyncCommandStream:
         body = ops.command_body(command, cwd=cwd, env=env, timeout=timeout, user=user)
-        call = ops.Call("POST", f"{self._s._base}/v1/command/stream", json=body,
-                        timeout=ops.command_timeout(timeout))
+        call: ops.Call[None] = ops.Call("POST", f"{self._s._base}/v1/command/stream", json=body,
+                                        timeout=ops.command_timeout(timeout))
         return AsyncCommandStream(await self._s._client._send(call, stream=True))
 
     async def background(self, command: str | Sequence[str], *, cwd: str | None = None,
@@ -375,12 +386,12 @@ class AsyncFiles:
         try:
             if hasattr(local, "write"):
                 async for chunk in resp.aiter_bytes(CHUNK):
-                    await asyncio.to_thread(local.write, chunk)  # type: ignore[union-attr]
+                    await asyncio.to_thread(local.write, chunk)
                     total += len(chunk)
                     if progress:
                         progress(len(chunk))
                 return total
-            target = Path(local)  # type: ignore[arg-type]
+            target = Path(local)
             tmp = target.with_name(f".{target.name}.corral-part")
             try:
                 with open(tmp, "wb") as f:

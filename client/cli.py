@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from rich.table import Table
 
-    from .sync import Client
+    from .sync import Client, Sandbox
 
 # Imports are lazy past typer: the SDK (httpx, pydantic, the models) and rich's console, tables and progress bars
 # load when a command needs them, so `corral --help` answers in well under 0.3 s (bench/cli_startup).
@@ -217,7 +217,7 @@ def _when(t: Any) -> str:
     return t.astimezone().strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
 
-def _size(n: int | None) -> str:
+def _size(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -389,7 +389,7 @@ def cp(ctx: typer.Context, source: Annotated[str, typer.Argument(help="Local pat
         err.print(f"copied {size} bytes to {where}", highlight=False)
 
 
-def _is_dir(sbx: Any, path: str) -> bool:
+def _is_dir(sbx: Sandbox, path: str) -> bool:
     try:
         return sbx.files.info(path).is_dir
     except CorralError as exc:

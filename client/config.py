@@ -113,6 +113,7 @@ def pulumi_outputs(stack: str, *, pulumi: str = "pulumi", cwd: str | None = None
     if proc.returncode != 0:
         raise ConfigError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
     try:
-        return json.loads(proc.stdout)
+        outputs: dict[str, object] = json.loads(proc.stdout)
+        return outputs
     except ValueError:
         raise ConfigError(f"`{' '.join(cmd)}` did not print JSON: {proc.stdout[:500]}") from None

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, TypeVar
 
 import httpx
 from pydantic import ValidationError
@@ -20,6 +20,8 @@ from .terminal import Terminal
 
 CHUNK = 1 << 20
 Progress = Callable[[int], Any]   # called with the number of bytes just moved
+
+R = TypeVar("R")
 
 
 class Client:
@@ -70,14 +72,14 @@ class Client:
                 raise error_from(resp.status_code, body, method=call.method, path=call.path)
             time.sleep(delay)
 
-    def call(self, call: ops.Call) -> Any:
+    def call(self, call: ops.Call[R]) -> R:
         resp = self._send(call)
-        return call.parse(resp) if call.parse else None
+        return call.result(resp)
 
     # --- claims -----------------------------------------------------------------------------------------------------
     def claim(self, pool: str, *, env: Mapping[str, str] | None = None, ttl: int | None = None,
-              name: str | None = None, snapshot: str | None = None, shutdown_policy: str = "Delete",
-              timeout: float = 120.0) -> Sandbox:
+              name: str | None = None, snapshot: str | None = None,
+              shutdown_policy: Literal["Delete", "Retain"] = "Delete", timeout: float = 120.0) -> Sandbox:
         """Claim a sandbox of `pool` (a WarmPool or Pool) and wait until it is Ready. `ttl`: lease in seconds
         (renew() extends it), `env`: for its commands, `snapshot`: start from a snapshot image. Raises ClaimFailed
         if the claim fails or is not Ready within `timeout` (it is released then), NotFound for an unknown pool."""
@@ -166,7 +168,7 @@ class Sandbox:
     def __repr__(self) -> str:
         return f"Sandbox({self.name!r}, pool={self.claim.pool!r}, phase={self.claim.phase!r})"
 
-    def _call(self, call: ops.Call) -> Any:
+    def _call(self, call: ops.Call[R]) -> R:
         return self._client.call(call)
 
     def refresh(self) -> m.Claim:
@@ -225,8 +227,8 @@ class Commands:
                timeout: float | None = None, user: str | None = None) -> CommandStream:
         """Run and iterate over its output as it comes (`Output` chunks); `.exit_code` once the iteration ends."""
         body = ops.command_body(command, cwd=cwd, env=env, timeout=timeout, user=user)
-        call = ops.Call("POST", f"{self._s._base}/v1/command/stream", json=body,
-                        timeout=ops.command_timeout(timeout))
+        call: ops.Call[None] = ops.Call("POST", f"{self._s._base}/v1/command/stream", json=body,
+                                        timeout=ops.command_timeout(timeout))
         return CommandStream(self._s._client._send(call, stream=True))
 
     def background(self, command: str | Sequence[str], *, cwd: str | None = None,
@@ -359,12 +361,12 @@ class Files:
         try:
             if hasattr(local, "write"):
                 for chunk in resp.iter_bytes(CHUNK):
-                    local.write(chunk)  # type: ignore[union-attr]
+                    local.write(chunk)
                     total += len(chunk)
                     if progress:
                         progress(len(chunk))
                 return total
-            target = Path(local)  # type: ignore[arg-type]
+            target = Path(local)
             tmp = target.with_name(f".{target.name}.corral-part")
             try:
                 with open(tmp, "wb") as f:

@@ -38,7 +38,8 @@ class _State:
     def handle(self, frame: bytes | str) -> bytes | None:
         kind, payload = ops.parse_frame(frame)
         if kind == "output":
-            return payload
+            output: bytes = payload
+            return output
         if kind == "exit":
             self.exit_code, self.signal = payload.get("exit_code"), payload.get("signal")
         elif kind == "error":
