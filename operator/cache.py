@@ -6,6 +6,7 @@ handlers of that event, so reconcilers read a complete, current picture without 
 
 from __future__ import annotations
 
+import builtins  # Cache has a method named list: its annotations name the type as builtins.list
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -170,7 +171,7 @@ class Cache:
         idx = self._idx.get(INDEX[kind]) or {}
         return any(len(key) == 2 and key[0] == ns and idx[key] for key in list(idx))
 
-    def all_objects(self, kind: str) -> list[Any]:
+    def all_objects(self, kind: str) -> builtins.list[Any]:
         """Every object of a kind in every namespace."""
         idx = self._idx.get(INDEX[kind]) or {}
         return [v for key in list(idx) if len(key) == 2 for v in idx[key]
@@ -194,7 +195,7 @@ class Cache:
     def sandbox(self, ns: str, name: str) -> dict[str, Any] | None:
         return self.get("Sandbox", ns, name)
 
-    def members(self, ns: str, kind: str, pool: str) -> list[Member]:
+    def members(self, ns: str, kind: str, pool: str) -> builtins.list[Member]:
         return self._all("sandboxes_idx", (MEMBER, ns, kind, pool))
 
     def claim_sandbox(self, ns: str, claim: str) -> Member | None:
@@ -204,11 +205,11 @@ class Cache:
     def pod(self, ns: str, sandbox: str) -> PodInfo | None:
         return self.get("Pod", ns, sandbox)
 
-    def pools_using_template(self, ns: str, template: str) -> list[tuple[str, str]]:
+    def pools_using_template(self, ns: str, template: str) -> builtins.list[tuple[str, str]]:
         return [(kind, body["metadata"]["name"]) for kind in ("WarmPool", "Pool") for body in self.list(kind, ns)
                 if (body.get("spec") or {}).get("templateRef", {}).get("name") == template]
 
-    def claims_for(self, ns: str, kind: str, pool: str) -> list[dict[str, Any]]:
+    def claims_for(self, ns: str, kind: str, pool: str) -> builtins.list[dict[str, Any]]:
         """Claims on one pool (an index lookup: pool reconciles run on every member event)."""
         return self._all("claims_idx", (CLAIMS_OF, ns, kind, pool))
 

@@ -34,9 +34,9 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from lightkube import ApiError
 
@@ -124,15 +124,18 @@ def _api_error(exc: ApiError, what: str) -> BackendError:
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
-def active_replica(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def active_replica(
+    method: Callable[Concatenate[KubeBackend, P], Awaitable[T]],
+) -> Callable[Concatenate[KubeBackend, P], Coroutine[Any, Any, T]]:
     """Serve only on the active replica: a kopf-paused one gets no watch events, so its indices are stale and a
     claim it creates would never be seen to bind. (The chart's claims API Service routes to the active replica's pod
     only; this covers a client that reaches a standby anyway.)"""
 
     @functools.wraps(method)
-    async def serve(self: KubeBackend, *args: Any, **kwargs: Any) -> T:
+    async def serve(self: KubeBackend, *args: P.args, **kwargs: P.kwargs) -> T:
         if not self.ctx.leadership.active:
             raise Unavailable(f"this operator replica is on standby (kopf peering {self.ctx.leadership.peering!r}): "
                               "retry; the claims API Service routes to the active replica")
@@ -215,7 +218,7 @@ class KubeBackend:
     def to_api(self, body: dict[str, Any]) -> Claim:
         meta, spec, st = body["metadata"], body.get("spec") or {}, body.get("status") or {}
         lifecycle, ref = spec.get("lifecycle") or {}, spec.get("poolRef") or {}
-        phase: str = vocab.api_phase(st.get("phase"))
+        phase: vocab.ApiPhase = vocab.api_phase(st.get("phase"))
         message = None
         if phase in ("Failed", "Expired"):
             message = (_condition(st, "Failed") or _condition(st, "Bound")).get("message") or None

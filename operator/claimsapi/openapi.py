@@ -25,7 +25,7 @@ class _NoBackend:
 def document() -> dict[str, Any]:
     from .app import create_app
 
-    return create_app(_NoBackend(), "openapi").openapi()  # type: ignore[arg-type]
+    return create_app(_NoBackend(), "openapi").openapi()
 
 
 def render() -> str:

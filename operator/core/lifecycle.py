@@ -11,7 +11,7 @@ from these and decide with `due`; neither polls.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 from corral.api import WarmPoolSpec
 
@@ -41,6 +41,14 @@ def claim_deadline(created: float, timeout_seconds: float) -> float:
 def lease_end(start: float, ttl_seconds: float | None) -> float | None:
     """When a claim leased for `ttl_seconds` from `start` ends (None: no TTL, it never expires)."""
     return start + ttl_seconds if ttl_seconds else None
+
+
+@overload
+def finished_expiry(finished: float, ttl_after_finished: float) -> float: ...
+@overload
+def finished_expiry(finished: float, ttl_after_finished: None) -> None: ...
+@overload
+def finished_expiry(finished: float, ttl_after_finished: float | None) -> float | None: ...
 
 
 def finished_expiry(finished: float, ttl_after_finished: float | None) -> float | None:

@@ -33,12 +33,12 @@ FINAL_RESOURCE_PHASES: Final = (FAILED, FINISHED)
 FINAL_API_PHASES: Final = (EXPIRED, FAILED)
 LIVE_API_PHASES: Final = (PENDING, READY, PAUSED)
 
-_API_PHASE = {PENDING: PENDING, BOUND: READY, FAILED: FAILED, FINISHED: EXPIRED}
+_API_PHASE: dict[str, ApiPhase] = {PENDING: PENDING, BOUND: READY, FAILED: FAILED, FINISHED: EXPIRED}
 
 
 def api_phase(resource_phase: str | None) -> ApiPhase:
     """The claims API's phase of a SandboxClaim phase (none yet: Pending)."""
-    return _API_PHASE.get(resource_phase or PENDING, PENDING)  # type: ignore[return-value]
+    return _API_PHASE.get(resource_phase or PENDING, PENDING)
 
 
 # --- launch types ---------------------------------------------------------------------------------------------------
