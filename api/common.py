@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonDict
 
 GROUP = "corral.dev"
 VERSION = "v1alpha1"
@@ -50,10 +51,10 @@ def env_var_problem(name: str, value: str) -> str | None:
     return None
 
 # Schema extras understood by the CRD generator (api/crd.py).
-PRESERVE_UNKNOWN = {"x-kubernetes-preserve-unknown-fields": True}
+PRESERVE_UNKNOWN: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
 
-def immutable(what: str) -> dict[str, Any]:
+def immutable(what: str) -> JsonDict:
     """Schema extra: a CEL rule that rejects any change of the field once set."""
     return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what} is immutable"}]}
 
@@ -121,5 +122,6 @@ class LocalRef(Model):
 class CorralObject(Model):
     """Envelope shared by the five kinds. Subclasses fix `kind` and type `spec` and `status`."""
 
-    api_version: Literal["corral.dev/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    api_version: Literal["corral.dev/v1alpha1"] = Field(
+        default=cast(Literal["corral.dev/v1alpha1"], API_VERSION), alias="apiVersion")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)

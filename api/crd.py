@@ -36,10 +36,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             options = [o for o in all_options if o.get("type") != "null"]
             if len(options) != 1:
                 raise ValueError(f"cannot express a union of {len(options)} types structurally: {options}")
-            out = _structural({**options[0], **node}, defs)
+            chosen = _structural({**options[0], **node}, defs)
             if len(options) != len(all_options):
-                out[_OPTIONAL] = True  # absent means "not set": never materialize a default for it
-            return out
+                chosen[_OPTIONAL] = True  # absent means "not set": never materialize a default for it
+            return chosen
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP or (key == "default" and value is None):
@@ -65,7 +65,7 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("type", "object")
     if out.get("type") == "integer":
         out.setdefault("format", "int64")
-    first = {k: out.pop(k) for k in ("type", "description") if k in out}
+    first: dict[str, Any] = {k: out.pop(k) for k in ("type", "description") if k in out}
     return {**first, **out}
 
 

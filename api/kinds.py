@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .batch import SandboxBatch
 from .claim import SandboxClaim
@@ -120,7 +120,10 @@ def parse(obj: dict[str, Any]) -> CorralObject:
     return validate(kind.model, obj)
 
 
-def validate(model: type, data: Any) -> Any:
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate(model: type[M], data: Any) -> M:
     """model.model_validate(data), raising CorralValidationError (a ValueError) naming every bad field."""
     try:
         return model.model_validate(data)

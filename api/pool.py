@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from .common import MAX_REPLICAS, Condition, CorralObject, LocalRef, Model, immutable
 
-CAPACITY_RULES = [
+CAPACITY_RULES: list[JsonValue] = [
     {"rule": "self.bufferMin <= self.bufferMax", "message": "bufferMin must be <= bufferMax"},
     {"rule": "self.poolMin <= self.poolMax", "message": "poolMin must be <= poolMax"},
 ]
@@ -17,7 +17,7 @@ CAPACITY_RULES = [
 class Capacity(Model):
     """Idle buffer kept in [bufferMin, bufferMax]; total (incl. pending and terminating) in [poolMin, poolMax]."""
 
-    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": CAPACITY_RULES}}
+    model_config = ConfigDict(**Model.model_config, json_schema_extra={"x-kubernetes-validations": CAPACITY_RULES})
 
     buffer_min: int = Field(default=0, ge=0, le=MAX_REPLICAS, description="Fewest idle sandboxes to keep.")
     buffer_max: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="Most idle sandboxes to keep.")

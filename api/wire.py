@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonDict
 
 from .common import (
     DNS_LABEL,
@@ -42,7 +43,7 @@ IMAGE_REF = (rf"^(?:(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:
 
 
 # The env rules of env_var_problem as JSON Schema, so the document says what the validator enforces.
-ENV_NAME_SCHEMA = {"pattern": ENV_NAME, "maxLength": MAX_ENV_NAME, "not": {
+ENV_NAME_SCHEMA: JsonDict = {"pattern": ENV_NAME, "maxLength": MAX_ENV_NAME, "not": {
     "pattern": "^" + "".join(f"[{c}{c.lower()}]" if c.isalpha() else c for c in EXECD_ENV_PREFIX)}}
 
 

@@ -66,7 +66,8 @@ async def delete_batches(ctx: Context, victims: list[Member], cap: int) -> tuple
     return done, None
 
 
-async def _load(ctx: Context, kind: str, model: type, ns: str, name: str) -> tuple[Any, Any, Any, str] | None:
+async def _load(ctx: Context, kind: str, model: type[WarmPoolSpec | PoolSpec], ns: str,
+                name: str) -> tuple[Any, Any, Any, str] | None:
     """The pool's body, validated spec, template and blueprint hash; None (with a condition set) if it can't run."""
     body = ctx.cache.pool_of_kind(ns, kind, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
