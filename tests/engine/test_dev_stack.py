@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]  # several conftest.py exist; never i
 pytestmark = pytest.mark.engine
 
 CORRAL_CRDS = {"sandboxtemplates.corral.dev", "sandboxes.corral.dev", "warmpools.corral.dev", "pools.corral.dev",
-               "sandboxclaims.corral.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+               "sandboxclaims.corral.dev", "sandboxbatches.corral.dev", "clusterkopfpeerings.kopf.dev",
+               "kopfpeerings.kopf.dev"}
 
 
 def test_dev_stack_up_is_stable_and_destroy_cleans_up(pulumi_cli, kube_cluster, kube, project):

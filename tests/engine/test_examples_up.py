@@ -27,7 +27,7 @@ pytestmark = pytest.mark.engine
 SandboxTemplate = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxTemplate", "sandboxtemplates")
 WarmPool = create_namespaced_resource("corral.dev", "v1alpha1", "WarmPool", "warmpools")
 CORRAL_CRDS = {"sandboxtemplates.corral.dev", "sandboxes.corral.dev", "warmpools.corral.dev", "pools.corral.dev",
-               "sandboxclaims.corral.dev"}
+               "sandboxclaims.corral.dev", "sandboxbatches.corral.dev"}
 CORRAL_NAMESPACES = ("corral-system", "agent-sandboxes")
 
 

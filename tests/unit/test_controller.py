@@ -30,8 +30,8 @@ def test_controller_installs_namespace_crds_secret_and_chart():
         assert namespace.inputs["metadata"]["name"] == "corral-ops"
         crds = mocks.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
         assert sorted(c.inputs["metadata"]["name"] for c in crds) == [
-            "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "pools.corral.dev", "sandboxclaims.corral.dev",
-            "sandboxes.corral.dev", "sandboxtemplates.corral.dev", "warmpools.corral.dev"]
+            "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "pools.corral.dev", "sandboxbatches.corral.dev",
+            "sandboxclaims.corral.dev", "sandboxes.corral.dev", "sandboxtemplates.corral.dev", "warmpools.corral.dev"]
         (secret,) = mocks.of_type("kubernetes:core/v1:Secret")
         assert secret.inputs["metadata"]["name"] == "corral-tokens"
         assert "stringData" in secret.inputs  # secret values (the mock does not resolve the generated tokens)

@@ -87,7 +87,7 @@ def test_dev_stack_program_builds():
     cfg = parse_stack_config(stack_config(REPO / "stacks/Pulumi.dev.yaml"))
     run_program(cfg)
     types = [r.typ for r in mocks.resources]
-    assert types.count("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition") == 7  # Corral's 5 + kopf's 2
+    assert types.count("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition") == 8  # Corral's 6 + kopf's 2
     assert types.count("corral:index:ControllerDeployment") == 1
     (chart,) = mocks.of_type("kubernetes:helm.sh/v4:Chart")
     assert chart.inputs["values"]["sandboxNamespaces"] == ["corral-sandboxes"]
