@@ -48,10 +48,10 @@ def create_app(settings: Settings, on_token: Callable[[str], None] | None = None
     public = frozenset(ep.path for router in ROUTERS for ep in router.endpoints if ep.public)
     app = Starlette(
         routes=table,
-        exception_handlers=HANDLERS,  # type: ignore[arg-type]
+        exception_handlers=HANDLERS,
         middleware=[
-            Middleware(MetricsMiddleware, metrics=state.metrics, templates=templates),  # type: ignore[arg-type]
-            Middleware(AuthMiddleware, holder=state, public_paths=public),  # type: ignore[arg-type]
+            Middleware(MetricsMiddleware, metrics=state.metrics, templates=templates),
+            Middleware(AuthMiddleware, holder=state, public_paths=public),
         ],
         lifespan=lifespan,
     )

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from . import processes
 from .endpoints import Router, new_id
@@ -164,7 +164,7 @@ async def _until_disconnect(request: Request) -> None:
     "/v1/command", "Run a command to completion (or start it in the background)", body=CommandRequest,
     response=CommandResult, errors=(400, 403), extra_responses={202: CommandStatus},
 )
-async def run_command(request: Request, body: CommandRequest) -> CommandResult | StreamingResponse:
+async def run_command(request: Request, body: CommandRequest) -> CommandResult | Response:
     """Runs the command and answers when it has exited, with its whole output (binary-safe, capped per stream).
 
     A command that exits non-zero, times out or is interrupted is still a 200: look at `exit_code`, `timed_out`,
@@ -175,8 +175,6 @@ async def run_command(request: Request, body: CommandRequest) -> CommandResult |
     if body.background:
         cmd = _start(state, body, "background")
         asyncio.get_running_loop().create_task(cmd.run()).add_done_callback(lambda _: _forget_finished(state))
-        from starlette.responses import Response
-
         return Response(_status(cmd).model_dump_json(), status_code=202, media_type="application/json")
     cmd = _start(state, body, "run")
     runner = asyncio.ensure_future(cmd.run())

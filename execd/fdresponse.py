@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from email.utils import formatdate
-from typing import Any
+from typing import Any, Literal
 
 import anyio.to_thread
 from starlette.responses import Response
@@ -21,7 +21,7 @@ CHUNK = 1 << 20
 _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$")
 
 
-def parse_range(header: str | None, size: int) -> tuple[int, int] | None | bool:
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None | Literal[False]:
     """`Range` -> (start, end inclusive); None to send the whole file (no, several or unparseable ranges: RFC 9110
     lets a server ignore them); False when the one range asked for lies outside the file (416)."""
     if not header:

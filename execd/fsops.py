@@ -11,7 +11,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -290,7 +290,7 @@ def search(dir_fd: int, root: str, pattern: str, limit: int, budget: float,
 
 
 def walk(dir_fd: int, max_depth: int,
-         too_deep: Callable[[str], None]) -> Iterator[tuple[str, os.stat_result, str | None]]:
+         too_deep: Callable[[str], None]) -> Generator[tuple[str, os.stat_result, str | None], None, None]:
     """(relative path, lstat, link target) of every entry below `dir_fd`, pre-order with sorted names, down to
     `max_depth` levels (`too_deep(rel)` names each directory not entered). Each directory is opened relative to its
     parent's fd without following links; unreadable ones are skipped."""

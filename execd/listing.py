@@ -18,7 +18,7 @@ import json
 import os
 import stat
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Generator
 
 from .errors import ExecdError
 from .fsops import Pacer, stat_at
@@ -46,7 +46,8 @@ def sorted_names(fd: int, path: str) -> list[str]:
 Row = tuple[str, os.stat_result, str | None]  # absolute path, lstat, link target
 
 
-def walk(dir_fd: int, root: str, depth: int, after: list[str] | None) -> Iterator[tuple[list[str], Row]]:
+def walk(dir_fd: int, root: str, depth: int,
+         after: list[str] | None) -> Generator[tuple[list[str], Row], None, None]:
     """(components, row) of every entry up to `depth` levels below the directory `dir_fd` (shown as `root`), in
     pre-order with sorted names, starting strictly after the entry `after` (components). Symlinks are listed, never
     followed."""

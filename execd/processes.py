@@ -108,7 +108,11 @@ async def wait_exit(proc: subprocess.Popen) -> int:
     except (AttributeError, OSError):  # kernel < 5.3: fall back to a thread
         return await loop.run_in_executor(None, proc.wait)
     done = loop.create_future()
-    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+    def exited() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, exited)
     try:
         await done
     finally:

@@ -7,6 +7,7 @@ is on the cold-start path. The execd token is stripped before forwarding, so the
 from __future__ import annotations
 
 import re
+from collections.abc import MutableMapping
 from typing import Any
 from urllib.parse import quote
 
@@ -33,7 +34,7 @@ _client: Any = None
 _PREFIX = re.compile(r"^/v1/proxy/[^/]*/?")
 
 
-def _forwarded_path(scope: dict[str, Any], path: str) -> str:
+def _forwarded_path(scope: MutableMapping[str, Any], path: str) -> str:
     """The path as the client sent it (still percent-encoded: `%0a` stays `%0a`, never a raw control character in
     the upstream request line), minus the `/v1/proxy/{port}/` prefix."""
     raw = scope.get("raw_path")

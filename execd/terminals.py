@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import MutableMapping
+from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 from starlette.requests import Request
@@ -142,7 +144,7 @@ async def _pump_out(ws: WebSocket, session: PtySession, outbox: asyncio.Queue) -
             return
 
 
-async def _handle_in(ws: WebSocket, session: PtySession, message: dict) -> None:
+async def _handle_in(ws: WebSocket, session: PtySession, message: MutableMapping[str, Any]) -> None:
     if message.get("bytes") is not None:
         raw: bytes = message["bytes"]
         if raw[:1] == STDIN:
