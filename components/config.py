@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -101,7 +101,9 @@ class StackConfig(Model):
         for i, t in enumerate(self.docker.internal_networks):
             if t not in names:
                 raise ValueError(f"corral:docker.internalNetworks[{i}]: no template named {t!r} in corral:templates")
-        for key, items in (("warmPools", self.warm_pools), ("pools", self.pools)):
+        by_key: tuple[tuple[str, Sequence[WarmPoolConfig | PoolConfig]], ...] = (
+            ("warmPools", self.warm_pools), ("pools", self.pools))
+        for key, items in by_key:
             for i, p in enumerate(items):
                 if p.template not in names:
                     raise ValueError(

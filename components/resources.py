@@ -38,7 +38,8 @@ def _register(component: Any, role: str, kind: str, name: str, namespace: pulumi
     component.register_outputs({"name": component.name, "namespace": component.namespace, "status": component.status})
 
 
-def _with_template(spec: dict[str, Any], template: SandboxTemplate | str) -> pulumi.Output[dict[str, Any]]:
+def _with_template(spec: dict[str, Any],
+                   template: SandboxTemplate | pulumi.Input[str]) -> pulumi.Output[dict[str, Any]]:
     """The spec with templateRef set from a template component (or name), which may not be known yet."""
     name = template.name if isinstance(template, SandboxTemplate) else template
     return pulumi.Output.from_input(name).apply(lambda t: {**spec, "templateRef": {"name": t}})

@@ -34,10 +34,10 @@ def _mirror_type(annotation: Any, field: str) -> Any:
         rest = [a for a in args if a is not type(None)]
         assert len(rest) == 1, f"{field}: unions other than Optional are not supported"
         return _mirror_type(rest[0], field) | None
-    if origin is list:
-        return list[_mirror_type(args[0], field)]
+    if origin is list:  # list[...] and dict[...] of a computed type, spelled so a type checker reads them as values
+        return types.GenericAlias(list, (_mirror_type(args[0], field),))
     if origin is dict:
-        return dict[str, _mirror_type(args[1], field)]
+        return types.GenericAlias(dict, (str, _mirror_type(args[1], field)))
     return annotation
 
 
