@@ -28,7 +28,7 @@ ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 # Claim env: what a claim may put into a sandbox's environment. Names as Kubernetes accepts them (non-empty, no `=`,
 # no NUL), values without NUL (execve cannot carry one), bounded in count and size. Names starting with execd's own
-# prefix (corral.execd.settings.ENV_PREFIX; a unit test keeps the two equal) are refused: a cold claim's env would
+# prefix (corral.execd.wire.ENV_PREFIX; a unit test keeps the two equal) are refused: a cold claim's env would
 # otherwise configure the sandbox's execd (its roots, its listen address, ...).
 EXECD_ENV_PREFIX = "CORRAL_EXECD_"
 MAX_ENV_VARS = 256

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from .common import DNS_LABEL, PRESERVE_UNKNOWN, Condition, CorralObject, Model, TemplateMetadata
 
-EXECD_DEFAULT_PORT = 44772
+EXECD_DEFAULT_PORT = 44772  # corral.execd.wire.PORT (corral.api imports no other Corral package; a unit test)
 
 Policy = Literal["Disallowed", "Allowed", "Overrides"]
 

@@ -27,6 +27,10 @@ from .common import (
 
 Phase = Literal["Pending", "Ready", "Paused", "Expired", "Failed"]
 
+# The claims API's own health endpoint (no token): the operator's, not a sandbox's execd (that one is
+# corral.execd.wire.HEALTH_PATH, which happens to read the same).
+API_HEALTH_PATH = "/v1/health"
+
 # What the edge accepts. A claim or pool name is a Kubernetes object name (DNS subdomain, at most 253 characters):
 # the same pattern checks the names in URL paths and queries.
 NAME_MAX = 253

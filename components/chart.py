@@ -161,9 +161,9 @@ def sandbox_namespace_policy(sandbox_namespace: str, operator_namespace: str, la
 # ---- generation -------------------------------------------------------------------------------------------------
 
 def _execd_port() -> int:
-    from corral.execd.settings import DEFAULT_PORT
+    from corral.execd.wire import PORT
 
-    return DEFAULT_PORT
+    return PORT
 
 
 PEERING_CRDS = [

@@ -227,6 +227,8 @@ class OperatorProvider(_Provider):
 
         from docker.errors import NotFound
 
+        from corral.api.wire import API_HEALTH_PATH
+
         props = {**props, "api_port": int(props["api_port"])}  # numbers arrive as floats
         client = _client(props.get("host"))
         try:  # a leftover of a failed run with our name
@@ -253,7 +255,7 @@ class OperatorProvider(_Provider):
             log_config={"type": "json-file", "config": {"max-size": "10m", "max-file": "2"}},
         )
         deadline = time.monotonic() + 180
-        url = f"http://127.0.0.1:{props['api_port']}/v1/health"
+        url = f"http://127.0.0.1:{props['api_port']}{API_HEALTH_PATH}"
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:

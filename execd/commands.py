@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from . import processes
+from . import processes, wire
 from .endpoints import Router, new_id
 from .errors import ExecdError
 from .inputs import MAX_TIMEOUT_SECONDS, EnvMap, Text, UserSpec
@@ -25,7 +25,7 @@ class CommandRequest(BaseModel):
     argv: list[Text] | None = Field(None, min_length=1, description="Program and arguments, run without a shell.")
     cwd: Text | None = Field(
         None, description="Working directory (default: the workspace); relative to it if relative.")
-    env: EnvMap = Field(default_factory=dict, description="Added to execd's env and the env from PUT /v1/env.")
+    env: EnvMap = Field(default_factory=dict, description=f"Added to execd's env and the env from PUT {wire.ENV_PATH}.")
     timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS,
                                   description="Seconds; on expiry the whole process tree is SIGKILLed.")
     user: UserSpec | None = Field(None, description="User name or numeric uid to run as (execd must be root).")

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import __version__
+from . import __version__, wire
 from .endpoints import Router
 from .inputs import EnvMap
 from .state import get_state
@@ -41,7 +41,7 @@ class TokenState(BaseModel):
     rotated: bool = True
 
 
-@router.get("/v1/health", "Liveness and readiness (no token needed)", response=Health, public=True)
+@router.get(wire.HEALTH_PATH, "Liveness and readiness (no token needed)", response=Health, public=True)
 async def health(_: Request) -> Health:
     return Health(version=__version__, uptime_seconds=round(time.time() - STARTED, 3))
 
@@ -51,7 +51,7 @@ async def metrics(request: Request) -> Response:
     return Response(get_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@router.put("/v1/env", "Set the env injected into every later command and PTY", body=EnvBody, response=EnvState,
+@router.put(wire.ENV_PATH, "Set the env injected into every later command and PTY", body=EnvBody, response=EnvState,
             errors=(400,))
 async def set_env(request: Request, body: EnvBody) -> EnvState:
     """For the operator: a claim's env reaches an already-warm sandbox without restarting it. The variables are
@@ -63,12 +63,12 @@ async def set_env(request: Request, body: EnvBody) -> EnvState:
     return EnvState(env=state.env)
 
 
-@router.get("/v1/env", "The injected env", response=EnvState)
+@router.get(wire.ENV_PATH, "The injected env", response=EnvState)
 async def get_env(request: Request) -> EnvState:
     return EnvState(env=get_state(request).env)
 
 
-@router.put("/v1/token", "Replace the token (the operator, at each bind and release)", body=TokenBody,
+@router.put(wire.TOKEN_PATH, "Replace the token (the operator, at each bind and release)", body=TokenBody,
             response=TokenState, errors=(400,))
 async def rotate_token(request: Request, body: TokenBody) -> TokenState:
     """Only a caller holding the current token gets here, i.e. the operator: it gives each claim a token of its own

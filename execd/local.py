@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from .wire import HEALTH_PATH
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
@@ -32,7 +34,7 @@ def start(env: dict[str, str], port: int, log: Path, *, timeout: float = 60.0, *
         if proc.poll() is not None:
             raise RuntimeError(f"execd exited with {proc.returncode}: {log.read_text()[-2000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1.0).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{HEALTH_PATH}", timeout=1.0).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.05)

@@ -7,10 +7,11 @@ import json
 import time
 from typing import Any
 
+from . import wire
 from .metrics import Metrics
 
 Scope = dict[str, Any]
-TOKEN_HEADER = b"x-execd-access-token"  # OpenSandbox execd's header; `Authorization: Bearer` works too
+TOKEN_HEADER = wire.TOKEN_HEADER.lower().encode()  # as ASGI gives header names: lower case bytes
 
 
 def presented_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from . import __version__
+from . import __version__, wire
 from .endpoints import Endpoint, openapi_path, path_param_schema
 from .errors import Error
 
@@ -25,11 +25,16 @@ STATUS_TEXT = {
     401: "Missing or wrong token", 403: "Forbidden (outside the allowed roots, or not permitted)", 404: "Not found",
     409: "Conflict", 413: "Too large", 416: "Range not satisfiable", 502: "The proxied port did not answer",
 }
-DESCRIPTION = """The daemon inside every Corral sandbox. Every endpoint but `/v1/health` needs the sandbox token, as
-`Authorization: Bearer <token>` or `X-EXECD-ACCESS-TOKEN: <token>`. Every error answers `{code, message}` with a
-4xx/5xx status. Paths under /files and /directories must resolve inside the allowed roots (default: the workspace and
-/tmp); anything else is 403. Paths mirror OpenSandbox execd's (`/command`, `/files/...`, `/directories/...`, `/pty`,
-`/proxy/{port}`) under `/v1`."""
+DESCRIPTION = (
+    f"The daemon inside every Corral sandbox. Every endpoint but `{wire.HEALTH_PATH}` needs the sandbox token, as\n"
+    f"`Authorization: Bearer <token>` or `{wire.TOKEN_HEADER}: <token>`. "
+    "Every error answers `{code, message}` with a\n"
+    "4xx/5xx status. Paths under /files and /directories must resolve inside the allowed roots "
+    "(default: the workspace and\n"
+    "/tmp); anything else is 403. Paths mirror OpenSandbox execd's (`/command`, `/files/...`, `/directories/...`, "
+    "`/pty`,\n"
+    "`/proxy/{port}`) under `/v1`."
+)
 
 
 def _models(endpoints: list[Endpoint]) -> list[tuple[type[BaseModel], Any]]:
@@ -146,14 +151,14 @@ def build() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Corral execd", "version": __version__, "description": DESCRIPTION},
-        "servers": [{"url": "http://127.0.0.1:44772"}],
+        "servers": [{"url": f"http://127.0.0.1:{wire.PORT}"}],
         "security": [{"bearer": []}, {"accessToken": []}],
         "paths": paths,
         "components": {
             "schemas": defs.get("$defs", {}),
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
-                "accessToken": {"type": "apiKey", "in": "header", "name": "X-EXECD-ACCESS-TOKEN"},
+                "accessToken": {"type": "apiKey", "in": "header", "name": wire.TOKEN_HEADER},
             },
         },
     }

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ExecdError, os_error
+from .wire import ENV_PREFIX
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-HIDDEN_ENV_PREFIX = "CORRAL_EXECD_"  # never leak execd's token or config into the sandbox's processes
+HIDDEN_ENV_PREFIX = ENV_PREFIX  # never leak execd's token or config into the sandbox's processes
 HIDDEN_ENV = frozenset({"PYDANTIC_DISABLE_PLUGINS"})  # set by execd for itself (server.py)
 MAX_ID = 2**32 - 2  # largest valid uid/gid ((uid_t)-1 means "unchanged" to the kernel)
 

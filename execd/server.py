@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, MutableMapping
 
-ENV_PREFIX = "CORRAL_EXECD_"  # settings.ENV_PREFIX; not imported, so the supervisor process never loads pydantic
+from .wire import ENV_PREFIX  # not settings.py: the supervisor process never loads pydantic
 
 
 def bootstrap_token(key: str, namespace: str, pod: str, pod_uid: str) -> str:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-ENV_PREFIX = "CORRAL_EXECD_"
-DEFAULT_PORT = 44772
+from . import wire
+
+ENV_PREFIX = wire.ENV_PREFIX
+DEFAULT_PORT = wire.PORT
 MAX_RETAINED_OUTPUT = 64 << 20  # all background commands' logs together (per command: log_buffer_bytes)
 SEARCH_BUDGET_SECONDS = 10.0
 

@@ -11,6 +11,7 @@ from corral.api import SandboxBlueprint
 from corral.api.template import SandboxTemplateSpec
 from corral.execd.inject import k8s_init_container, k8s_key_secret, wrap_entrypoint
 from corral.execd.wire import HEALTH_PATH
+from corral.execd.wire import PORT as EXECD_PORT
 
 from .constants import (
     A_RETAINED_AT,
@@ -151,7 +152,7 @@ def pod_manifest(
     template = copy.deepcopy(spec["podTemplate"])
     pod_spec: dict[str, Any] = template["spec"]
     execd = spec.get("execd") or {}
-    port = int(execd.get("port", 44772))
+    port = int(execd.get("port", EXECD_PORT))
     resources = execd.get("resources") or {}
 
     labels = {**template.get("metadata", {}).get("labels", {}), **(extra_labels or {})}

@@ -29,7 +29,8 @@ mkdir -p "$src/operator/docker" "$src/operator/claimsapi" "$src/operator/core" "
 : >"$src/__init__.py"
 : >"$src/operator/__init__.py"
 : >"$src/execd/__init__.py"
-cp "$REPO_DIR"/execd/wsrelay.py "$src/execd/"   # the claims API's WebSocket relay (the rest of execd is its bundle)
+cp "$REPO_DIR"/execd/wsrelay.py "$REPO_DIR"/execd/wire.py "$src/execd/"  # the claims API's WebSocket relay and
+# execd's wire facts (the rest of execd is its bundle)
 cp "$REPO_DIR"/operator/planning.py "$REPO_DIR"/operator/constants.py "$src/operator/"
 cp "$REPO_DIR"/operator/docker/*.py "$src/operator/docker/"
 cp "$REPO_DIR"/operator/core/*.py "$src/operator/core/"

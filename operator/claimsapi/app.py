@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.common import DNS_SUBDOMAIN
 from corral.api.wire import (
+    API_HEALTH_PATH,
     IMAGE_REF,
     NAME_MAX,
     Claim,
@@ -57,6 +58,7 @@ from corral.api.wire import (
     SnapshotList,
     SnapshotRequest,
 )
+from corral.execd.wire import TOKEN_HEADER
 from corral.execd.wsrelay import relay
 
 from .backend import BackendError, ClaimsBackend
@@ -65,7 +67,7 @@ log = logging.getLogger("corral.operator.claimsapi")
 
 REQUESTS = Counter("corral_claims_api_requests_total", "Claims HTTP API requests", ["route", "status"])
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "authorization", "x-execd-access-token", "content-length"}
+              "transfer-encoding", "upgrade", "host", "authorization", TOKEN_HEADER.lower(), "content-length"}
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": Error}, 401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}, 413: {"model": Error},
     503: {"model": Error},
@@ -74,7 +76,7 @@ CODES = {400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found"
          409: "conflict", 413: "too_large", 501: "not_implemented", 503: "unavailable"}
 
 MAX_JSON_BODY = 1 << 20  # bytes: the largest body a JSON route (create, renew, snapshot, ...) reads
-OPEN_PATHS = frozenset({"/v1/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+OPEN_PATHS = frozenset({API_HEALTH_PATH, "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 PROXY_PATH = re.compile(r"^/v1/claims/[^/]+/execd(/|$)")  # streamed through to execd, body untouched
 NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
 
@@ -240,7 +242,8 @@ def openapi_with_security(app: FastAPI) -> dict[str, Any]:
 
 DESCRIPTION = """The claims API of Corral's operator (Docker and Kubernetes modes alike). Every route here needs
 `Authorization: Bearer <token>`, checked before any body is read (401 `unauthorized`); JSON bodies are capped at
-1 MiB (413 `too_large`); every error is `{code, message}`. Not listed: `/v1/health` and `/metrics` (no token), and
+1 MiB (413 `too_large`); every error is `{code, message}`. Not listed: `""" + API_HEALTH_PATH + """` and `/metrics` \
+(no token), and
 `/v1/claims/{name}/execd/{path}`, a streaming proxy to the sandbox's execd (its own document: execd/openapi.json)."""
 
 
@@ -292,7 +295,7 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
     for kind in (ValueError, OSError, httpx.InvalidURL, Exception):
         app.add_exception_handler(kind, _unexpected)
 
-    @app.get("/v1/health", include_in_schema=False)
+    @app.get(API_HEALTH_PATH, include_in_schema=False)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 

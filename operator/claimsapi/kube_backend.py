@@ -41,6 +41,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from lightkube import ApiError
 
 from corral.api import PoolSpec, WarmPoolSpec
+from corral.execd import wire
 
 from ..builders import is_retained
 from ..cache import member_of
@@ -405,7 +406,7 @@ class KubeBackend:
         if sandbox is None:
             raise Unavailable(f"claim {name}: its sandbox {sandbox_name} is gone")
         m = member_of(sandbox)
-        port = int(((sandbox.get("spec") or {}).get("execd") or {}).get("port", 44772))
+        port = int(((sandbox.get("spec") or {}).get("execd") or {}).get("port", wire.PORT))
         pod = self.ctx.cache.pod(self.ns, sandbox_name) if self._ready() else None
         ip = pod.pod_ips[0] if pod is not None and pod.ready and pod.pod_ips else \
             (m.endpoint.rpartition(":")[0] if m.endpoint else None)

@@ -18,9 +18,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corral.api import Pool, WarmPool
+from corral.execd import wire
 from corral.operator.core.vocabulary import PoolKind
 
-DEFAULT_EXECD_PORT = 44772
+DEFAULT_EXECD_PORT = wire.PORT
 DEFAULT_USER = "1000:1000"      # non-root; numeric, so it works in images without a passwd entry
 DEFAULT_PIDS = 512
 DEFAULT_CPUS = 1.0              # a CPU limit always applies (requests only weigh shares)

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 import docker
+from corral.execd.wire import ENV_PREFIX
 from corral.operator.constants import L_HASH, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE, MANAGED_BY
 from docker.errors import APIError, ImageNotFound, NotFound
 
@@ -266,8 +267,8 @@ def create_sandbox(client: docker.DockerClient, *, stack: str, name: str, tmpl: 
         **({L_POOL: pool, L_POOL_KIND: pool_kind or "WarmPool"} if pool else {}),
     }
     port = f"{tmpl.execd_port}/tcp"
-    env = {**tmpl.env, "CORRAL_EXECD_TOKEN_FILE": TOKEN_FILE, "CORRAL_EXECD_PORT": str(tmpl.execd_port),
-           "CORRAL_EXECD_WORKSPACE": tmpl.workdir}
+    env = {**tmpl.env, ENV_PREFIX + "TOKEN_FILE": TOKEN_FILE, ENV_PREFIX + "PORT": str(tmpl.execd_port),
+           ENV_PREFIX + "WORKSPACE": tmpl.workdir}
     kwargs: dict[str, Any] = dict(
         name=name, labels=labels, environment=env, user=tmpl.user, working_dir=tmpl.workdir,
         entrypoint=["/bin/sh", "-c", _WRAPPER, "corral-execd"], command=sandbox_command(client, tmpl, image),
@@ -341,7 +342,7 @@ def commit(client: docker.DockerClient, ref: str, *, stack: str, tag: str, env: 
     is kept out of the image's config."""
     repo = f"{SNAPSHOT_REPO}/{stack}"
     # Docker merges the given Env with the container's by key, so the token is overwritten rather than left out.
-    clean = {**env, "CORRAL_EXECD_TOKEN": ""}
+    clean = {**env, ENV_PREFIX + "TOKEN": ""}
     conf = {"Env": [f"{k}={v}" for k, v in clean.items()], "Labels": {**labels, **stack_labels(stack, "snapshot")}}
     image = client.containers.get(ref).commit(repository=repo, tag=tag, conf=conf, pause=True)
     return snapshot_info(client.images.get(image.id), f"{repo}:{tag}")

@@ -27,7 +27,7 @@ def sources() -> list[Path]:
     return sorted([*OPERATOR_DIR.glob("docker/*.py"), *OPERATOR_DIR.glob("claimsapi/*.py"),
                    *OPERATOR_DIR.glob("core/*.py"),
                    OPERATOR_DIR / "planning.py", OPERATOR_DIR / "constants.py", *(REPO / "api").glob("*.py"),
-                   REPO / "execd" / "wsrelay.py", SCRIPT])
+                   REPO / "execd" / "wsrelay.py", REPO / "execd" / "wire.py", SCRIPT])
 
 
 def cache_key() -> str:

@@ -13,6 +13,7 @@ import time
 import httpx
 
 from corral.api import Pool, WarmPool
+from corral.execd import wire
 from corral.operator.claimsapi.models import PoolStatus
 from corral.operator.core import lifecycle, metrics
 from corral.operator.planning import SlowStart, plan_pool, plan_warm_pool, pool_desired
@@ -144,7 +145,7 @@ class PoolsMixin(RuntimeBase):
         deadline = time.monotonic() + self.s.ready_timeout
         while True:
             try:
-                r = await self.http.get(f"http://{ip}:{port}/v1/health", timeout=2.0)
+                r = await self.http.get(f"http://{ip}:{port}{wire.HEALTH_PATH}", timeout=2.0)
                 if r.status_code == 200:
                     return
             except httpx.HTTPError:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 import httpx
 
+from corral.execd import wire
 from corral.operator.claimsapi import Conflict, NotFound, RetainedSandbox, Snapshot
 
 from . import engine
@@ -40,7 +41,7 @@ class RetainedMixin(RuntimeBase):
                 ready = False
                 if state == "running" and row.ip:
                     try:
-                        r = await self.http.get(f"http://{row.ip}:{self._port(row)}/v1/health",
+                        r = await self.http.get(f"http://{row.ip}:{self._port(row)}{wire.HEALTH_PATH}",
                                                 timeout=HEALTH_TIMEOUT)
                         ready = r.status_code == 200
                     except httpx.HTTPError:

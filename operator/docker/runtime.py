@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import httpx
 
 from corral.api import Pool
+from corral.execd import wire
 from corral.operator.claimsapi import (
     Claim,
     ClaimRequest,
@@ -116,7 +117,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
     async def _rotate(self, sandbox: SandboxRow, old: str, new: str) -> None:
         """execd takes the next token (PUT /v1/token, authenticated with the current one): at each bind and release,
         so a claim's token dies with the claim even where the sandbox lives on (Pool recycling)."""
-        r = await self.http.put(f"http://{sandbox.ip}:{self._port(sandbox)}/v1/token", json={"token": new},
+        r = await self.http.put(f"http://{sandbox.ip}:{self._port(sandbox)}{wire.TOKEN_PATH}", json={"token": new},
                                 headers={"Authorization": f"Bearer {old}"})
         r.raise_for_status()
 
@@ -240,7 +241,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
             return
         if claim.env:
             try:
-                r = await self.http.put(f"http://{sandbox.ip}:{self._port(sandbox)}/v1/env",
+                r = await self.http.put(f"http://{sandbox.ip}:{self._port(sandbox)}{wire.ENV_PATH}",
                                         json={"env": claim.env, "merge": False},
                                         headers={"Authorization": f"Bearer {self.token(sandbox.name, claim)}"})
                 r.raise_for_status()
@@ -353,7 +354,7 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
             await self.run(self.store.update_sandbox, row.name, ip=addr["ip"], host_port=addr["host_port"])
             await self._wait_healthy(row.name, addr["ip"], port)
         else:
-            r = await self.http.put(f"http://{row.ip}:{port}/v1/env", json={"env": {}, "merge": False},
+            r = await self.http.put(f"http://{row.ip}:{port}{wire.ENV_PATH}", json={"env": {}, "merge": False},
                                     headers={"Authorization": f"Bearer {self.token(row.name, claim)}"})
             r.raise_for_status()
             await self._rotate(row, self.token(row.name, claim), self.token(row.name))
@@ -422,9 +423,10 @@ class DockerRuntime(PoolsMixin, RecoveryMixin, RetainedMixin):
         except Exception:  # noqa: BLE001 - gone or not Ready meanwhile: nothing to check
             return
         deadline = time.monotonic() + EXECD_GONE
+        health = f"http://{row.ip}:{self._port(row)}{wire.HEALTH_PATH}"
         while time.monotonic() < deadline:
             try:
-                if (await self.http.get(f"http://{row.ip}:{self._port(row)}/v1/health", timeout=2.0)).is_success:
+                if (await self.http.get(health, timeout=2.0)).is_success:
                     return
             except httpx.HTTPError:
                 pass

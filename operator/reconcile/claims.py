@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec, validate
+from corral.execd import wire
 
 from ..builders import owner_ref, retain_patch, sandbox_labels, sandbox_manifest
 from ..cache import _ts
@@ -219,7 +220,7 @@ async def _inject_env(ctx: Context, body: dict[str, Any], m: Member, env: list[d
     try:
         token = await hand_over(ctx, m.namespace, m.name, m.uid, pod.uid, f"http://{m.endpoint}",
                                 body["metadata"]["uid"])
-        resp = await ctx.http().put(f"http://{m.endpoint}/v1/env",
+        resp = await ctx.http().put(f"http://{m.endpoint}{wire.ENV_PATH}",
                                     json={"env": {e["name"]: e.get("value", "") for e in env}, "merge": True},
                                     headers={"Authorization": f"Bearer {token}"}, timeout=5)
         resp.raise_for_status()

@@ -13,6 +13,8 @@ import logging
 
 import httpx
 
+from corral.execd import wire
+
 from ..context import Context
 from ..kube import ignore
 from ..tokens import claim_token, idle_token, legacy_token
@@ -28,14 +30,14 @@ async def _put_token(ctx: Context, url: str, current: list[str], new: str) -> bo
     """True once execd took `new`, authenticated by the first of `current` it accepts; False if it refused them all."""
     for token in current:
         try:
-            r = await ctx.http().put(f"{url}/v1/token", json={"token": new},
+            r = await ctx.http().put(f"{url}{wire.TOKEN_PATH}", json={"token": new},
                                      headers={"Authorization": f"Bearer {token}"}, timeout=5)
         except httpx.HTTPError as exc:
             raise ExecdUnreachable(f"execd at {url} did not answer: {exc!r}") from None
         if r.status_code == 401:
             continue
         if r.status_code >= 300:
-            raise ExecdUnreachable(f"execd at {url} answered {r.status_code} to PUT /v1/token")
+            raise ExecdUnreachable(f"execd at {url} answered {r.status_code} to PUT {wire.TOKEN_PATH}")
         return True
     return False
 
@@ -66,7 +68,7 @@ async def take_back(ctx: Context, ns: str, sandbox: str, sandbox_uid: str, claim
     body = ctx.cache.sandbox(ns, sandbox)
     if pod is None or pod.deleting or not pod.pod_ips or body is None:
         return  # no pod, or a new one on its way: it starts with its own idle token
-    port = int(((body.get("spec") or {}).get("execd") or {}).get("port", 44772))
+    port = int(((body.get("spec") or {}).get("execd") or {}).get("port", wire.PORT))
     ip = pod.pod_ips[0]
     url = f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
     idle = idle_token(ctx.token_key, ns, sandbox, pod.uid)
@@ -74,7 +76,7 @@ async def take_back(ctx: Context, ns: str, sandbox: str, sandbox_uid: str, claim
     try:
         legacy = legacy_token(ctx.token_key, ns, sandbox, sandbox_uid)
         if await _put_token(ctx, url, [*current, idle, legacy], idle):
-            r = await ctx.http().put(f"{url}/v1/env", json={"env": {}, "merge": False},
+            r = await ctx.http().put(f"{url}{wire.ENV_PATH}", json={"env": {}, "merge": False},
                                      headers={"Authorization": f"Bearer {idle}"}, timeout=5)
             r.raise_for_status()
             return

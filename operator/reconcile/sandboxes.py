@@ -9,6 +9,8 @@ from typing import Any
 
 from lightkube import ApiError
 
+from corral.execd import wire
+
 from ..builders import pod_manifest, pvc_manifests, service_manifest
 from ..cache import PodInfo, _ts
 from ..constants import A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND
@@ -26,7 +28,7 @@ ECHO = ("claimRef", "launchType")  # status fields that only repeat the sandbox'
 def desired_status(body: dict[str, Any], pod: PodInfo | None, suspended: bool) -> dict[str, Any]:
     meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-    port = int((spec.get("execd") or {}).get("port", 44772))
+    port = int((spec.get("execd") or {}).get("port", wire.PORT))
     gen = meta.get("generation")
     ready = bool(pod and pod.ready and not pod.deleting and not suspended)
     if suspended:
