@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from .constants import A_CLAIM_UID, A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE
+from .core.batches import parse_claim_label
 from .planning import Member
 
 
@@ -98,7 +99,7 @@ CLAIMS_OF = "claims-of"  # (CLAIMS_OF, ns, pool kind, pool) -> claim bodies
 MEMBER = "member"  # (MEMBER, ns, pool kind, pool) -> Member of each sandbox of that pool
 CLAIMED = "claimed"  # (CLAIMED, ns, claim) -> Member of the sandbox labelled for that claim
 INDEX = {"SandboxTemplate": "templates_idx", "WarmPool": "warmpools_idx", "Pool": "pools_idx",
-         "SandboxClaim": "claims_idx", "Sandbox": "sandboxes_idx", "Pod": "pods_idx"}
+         "SandboxClaim": "claims_idx", "Sandbox": "sandboxes_idx", "Pod": "pods_idx", "SandboxBatch": "batches_idx"}
 
 
 def claim_keys(ns: str, name: str, spec: Any, body: dict[str, Any]) -> dict[Any, Any]:
@@ -194,6 +195,14 @@ class Cache:
 
     def sandbox(self, ns: str, name: str) -> dict[str, Any] | None:
         return self.get("Sandbox", ns, name)
+
+    def batch(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self.get("SandboxBatch", ns, name)
+
+    def holder(self, ns: str, claim_label: str) -> dict[str, Any] | None:
+        """What holds a sandbox with this claim label: its claim, or its SandboxBatch (core.batches.claim_label)."""
+        batch = parse_claim_label(claim_label)
+        return self.batch(ns, batch[0]) if batch else self.claim(ns, claim_label)
 
     def members(self, ns: str, kind: str, pool: str) -> builtins.list[Member]:
         return self._all("sandboxes_idx", (MEMBER, ns, kind, pool))

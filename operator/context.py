@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from corral.api import SandboxTemplateSpec, validate
 
+from .batchbook import BatchBook
 from .builders import blueprint_hash
 from .cache import Cache
 from .kube import Kube
@@ -130,6 +131,8 @@ class Context:
     _templates: dict[tuple[str, str], tuple[str, Any, SandboxTemplateSpec, str]] = field(default_factory=dict)
     # one lock per Pool: its capacity check and creates (refill or a claim's cold start) never interleave
     _pool_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    # SandboxBatches: per-index entries, task followers, batches waiting for a pool (batchbook.py)
+    batches: BatchBook = field(default_factory=BatchBook)
 
     def pool_lock(self, ns: str, name: str) -> asyncio.Lock:
         return self._pool_locks.setdefault((ns, name), asyncio.Lock())

@@ -20,8 +20,10 @@ from .cache import Cache, EventsOnlyDiffBase, PodInfo, claim_keys, sandbox_keys
 from .claimsapi import kube_server as claims_api
 from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
 from .context import Context, Settings
+from .core.batches import parse_claim_label
 from .kube import Kube, status_code
 from .leadership import own_pod, pod_label_patch
+from .reconcile.batches import reconcile_batch
 from .reconcile.claims import reconcile_claim
 from .reconcile.pools import reconcile_pool, reconcile_warmpool
 from .reconcile.sandboxes import reconcile_sandbox
@@ -40,10 +42,11 @@ RECONCILERS = {
     "WarmPool": reconcile_warmpool,
     "Pool": reconcile_pool,
     "SandboxClaim": reconcile_claim,
+    "SandboxBatch": reconcile_batch,
 }
 
 
-PRIORITY = {"SandboxClaim": 0, "Sandbox": 1, "WarmPool": 2, "Pool": 2, "SandboxTemplate": 3}
+PRIORITY = {"SandboxClaim": 0, "SandboxBatch": 0, "Sandbox": 1, "WarmPool": 2, "Pool": 2, "SandboxTemplate": 3}
 
 
 def ctx() -> Context:
@@ -151,6 +154,7 @@ async def cleanup(**_: Any) -> None:
         task.cancel()
     context = STATE.pop("ctx", None)
     if context is not None:
+        context.batches.close()
         await context.leadership.stop()
         if context.leadership.active:
             context.leadership.active = False
@@ -201,6 +205,11 @@ async def claims_idx(namespace: str | None, name: str, spec: Any, body: Any, **_
     return claim_keys(_ns(namespace), name, spec, _body(body))
 
 
+@kopf.index(GROUP, VERSION, "sandboxbatches")
+async def batches_idx(namespace: str | None, name: str, body: Any, **_: Any) -> dict[Any, Any]:
+    return {(_ns(namespace), name): _body(body)}
+
+
 @kopf.index(GROUP, VERSION, "sandboxes")
 async def sandboxes_idx(namespace: str | None, name: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
     return sandbox_keys(_ns(namespace), name, labels, _body(body))
@@ -228,13 +237,35 @@ async def on_template(namespace: str | None, name: str, **kwargs: Any) -> None:
 @kopf.on.event(GROUP, VERSION, "warmpools")
 async def on_warmpool(namespace: str | None, name: str, **kwargs: Any) -> None:
     metrics.EVENTS.labels(kind="WarmPool").inc()
-    _bind(kwargs).request("WarmPool", _ns(namespace), name)
+    context = _bind(kwargs)
+    context.request("WarmPool", _ns(namespace), name)
+    _wake_batches(context, "WarmPool", _ns(namespace), name)
 
 
 @kopf.on.event(GROUP, VERSION, "pools")
 async def on_pool(namespace: str | None, name: str, **kwargs: Any) -> None:
     metrics.EVENTS.labels(kind="Pool").inc()
-    _bind(kwargs).request("Pool", _ns(namespace), name)
+    context = _bind(kwargs)
+    context.request("Pool", _ns(namespace), name)
+    _wake_batches(context, "Pool", _ns(namespace), name)
+
+
+def _wake_batches(context: Context, kind: str, namespace: str, name: str) -> None:
+    """Batches that waited for this pool (to appear, or to have room) look again."""
+    for batch in context.batches.waiting_on(kind, namespace, name):
+        context.request("SandboxBatch", namespace, batch)
+
+
+@kopf.on.event(GROUP, VERSION, "sandboxbatches")
+async def on_batch(event: kopf.RawEvent, namespace: str | None, name: str, body: Any, **kwargs: Any) -> None:
+    namespace = _ns(namespace)
+    metrics.EVENTS.labels(kind="SandboxBatch").inc()
+    context = _bind(kwargs)
+    context.request("SandboxBatch", namespace, name)
+    if event.get("type") == "DELETED":
+        ref = (body.get("spec") or {}).get("poolRef") or {}
+        if ref.get("kind") == "Pool":  # its sandboxes go back to the pool
+            context.request("Pool", namespace, ref.get("name", ""))
 
 
 @kopf.on.event(GROUP, VERSION, "sandboxclaims")
@@ -262,7 +293,10 @@ async def on_sandbox(namespace: str | None, name: str, labels: Any, **kwargs: An
     reserved_for = context.reserved.get((namespace, name))
     if reserved_for is not None and claim:
         context.reserved.pop((namespace, name), None)  # the cache now shows the adoption
-    if claim:
+    batch = parse_claim_label(claim)
+    if batch is not None:
+        context.request("SandboxBatch", namespace, batch[0])
+    elif claim:
         context.request("SandboxClaim", namespace, claim)
 
 

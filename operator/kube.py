@@ -37,12 +37,14 @@ SandboxRes = create_namespaced_resource(GROUP, VERSION, "Sandbox", "sandboxes")
 WarmPoolRes = create_namespaced_resource(GROUP, VERSION, "WarmPool", "warmpools")
 PoolRes = create_namespaced_resource(GROUP, VERSION, "Pool", "pools")
 SandboxClaimRes = create_namespaced_resource(GROUP, VERSION, "SandboxClaim", "sandboxclaims")
+SandboxBatchRes = create_namespaced_resource(GROUP, VERSION, "SandboxBatch", "sandboxbatches")
 
 # lightkube's typed models (Pod, ...) and its generic, dict-like resources (Corral's kinds): the lightkube path below
 # takes both by duck typing (from_dict or the constructor, to_dict or dict(), .Status), which its overloads cannot say.
 RESOURCES: dict[str, Any] = {
     "SandboxTemplate": SandboxTemplateRes, "Sandbox": SandboxRes, "WarmPool": WarmPoolRes, "Pool": PoolRes,
-    "SandboxClaim": SandboxClaimRes, "Pod": Pod, "PersistentVolumeClaim": PersistentVolumeClaim,
+    "SandboxClaim": SandboxClaimRes, "SandboxBatch": SandboxBatchRes, "Pod": Pod,
+    "PersistentVolumeClaim": PersistentVolumeClaim,
     "Service": Service, "NetworkPolicy": NetworkPolicy, "Secret": Secret,
 }
 WRITE_VERBS = {"create", "patch", "delete", "update"}

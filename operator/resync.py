@@ -8,7 +8,7 @@ things follow that kopf does not handle:
   WarmPool counting a deleted idle sandbox stays one short; a Pool counts a deleted allocation against poolMax).
 
 So the work queue is held while the replica stands by (nothing it had queued or timed runs meanwhile), and on resume:
-1. each indexed kind is listed once (six LIST calls per takeover, never in a loop);
+1. each indexed kind is listed once (seven LIST calls per takeover, never in a loop);
 2. the queue waits until kopf's indices hold every listed object (the re-list has caught up; bounded);
 3. ghosts are hidden: what the indices still hold that the server did not list, unless newer than the listing;
 4. the queue is released, and every object gets a reconcile, so nothing decided on the old view stands.
@@ -29,10 +29,10 @@ log = logging.getLogger("corral.operator.resync")
 
 # what kopf indexes (handlers.py), as listed from the server
 INDEXED: dict[str, dict[str, str | None]] = {
-    "SandboxTemplate": {}, "WarmPool": {}, "Pool": {}, "SandboxClaim": {}, "Sandbox": {},
+    "SandboxTemplate": {}, "WarmPool": {}, "Pool": {}, "SandboxClaim": {}, "Sandbox": {}, "SandboxBatch": {},
     "Pod": {L_SANDBOX: None, L_MANAGED_BY: MANAGED_BY},
 }
-RECONCILED = ("SandboxTemplate", "WarmPool", "Pool", "SandboxClaim", "Sandbox")
+RECONCILED = ("SandboxTemplate", "WarmPool", "Pool", "SandboxClaim", "Sandbox", "SandboxBatch")
 
 
 def _rv(obj: Any) -> int:

@@ -60,6 +60,14 @@ def parse_claim_label(value: str | None) -> tuple[str, int] | None:
     return (batch, int(index)) if batch and index.isdigit() else None
 
 
+def claim_ref(label: str | None) -> dict[str, str] | None:
+    """A sandbox status's claimRef from its claim label: the claim, or the SandboxBatch that holds it."""
+    if not label:
+        return None
+    batch = parse_claim_label(label)
+    return {"name": batch[0] if batch else label}
+
+
 def name_problem(name: str) -> str | None:
     """Why a batch's name cannot be used (its sandboxes' labels carry it), or None."""
     if len(name) > MAX_NAME:

@@ -238,9 +238,9 @@ async def _reconcile_pool(ctx: Context, ns: str, name: str) -> None:
     body, spec, template, bp_hash = loaded
     _wake_claims_waiting_for(ctx, ns, "Pool", name)
     members = ctx.cache.members(ns, "Pool", name)
-    # Allocated sandboxes whose claim is gone are released: recycled as the pool says.
+    # Allocated sandboxes whose claim (or batch) is gone are released: recycled as the pool says.
     for m in members:
-        if m.claim and not m.deleting and ctx.cache.claim(ns, m.claim) is None and (ns, m.claim) not in ctx.bound:
+        if m.claim and not m.deleting and ctx.cache.holder(ns, m.claim) is None and (ns, m.claim) not in ctx.bound:
             await recycle(ctx, m, spec.recycle_strategy)
     members = ctx.cache.members(ns, "Pool", name)
     idle = [m for m in members if not m.claim and not m.deleting and (ns, m.name) not in ctx.reserved]

@@ -15,6 +15,7 @@ from ..builders import pod_manifest, pvc_manifests, service_manifest
 from ..cache import PodInfo, _ts
 from ..constants import A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND
 from ..context import Context
+from ..core.batches import claim_ref
 from ..kube import ignore, status_code
 from ..tokens import key_secret, key_secret_manifest
 from .conditions import condition, differs, set_condition
@@ -49,7 +50,7 @@ def desired_status(body: dict[str, Any], pod: PodInfo | None, suspended: bool) -
         "nodeName": pod.node if pod and not suspended else None,
         "launchType": annotations.get(A_LAUNCH),
         "blueprintHash": labels.get(L_HASH),
-        "claimRef": {"name": labels[L_CLAIM]} if labels.get(L_CLAIM) else None,
+        "claimRef": claim_ref(labels.get(L_CLAIM)),
         "observedGeneration": gen,
         "conditions": set_condition(status.get("conditions"), "Ready", ready, reason, message, gen),
     }

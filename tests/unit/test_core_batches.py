@@ -79,3 +79,9 @@ def test_claim_labels_never_name_a_claim_and_round_trip():
 def test_empty_indexes():
     assert b.empty_indexes(3) == [{"index": 0, "phase": "Pending"}, {"index": 1, "phase": "Pending"},
                                   {"index": 2, "phase": "Pending"}]
+
+
+def test_claim_ref_names_the_batch_for_a_batch_sandbox():
+    assert b.claim_ref("job_3") == {"name": "job"}
+    assert b.claim_ref("my-claim") == {"name": "my-claim"}
+    assert b.claim_ref(None) is None

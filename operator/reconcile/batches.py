@@ -1,0 +1,291 @@
+"""SandboxBatch: bind `replicas` sandboxes the way claims are bound (warm adoption first, with the claims' adoption
+write; cold starts for the rest, a Pool's within its poolMax), run the task in each (batchtasks.py) and keep the
+status: one entry per index, the counts, the phase (corral.operator.core.batches).
+
+A batch's sandbox carries the claim label `<batch>_<index>` (core.batches.claim_label): every pool rule treats it as
+taken, and the cache finds it by that label. The batch's uid is its claim uid (the sandbox's execd token derives from
+it). Status writes carry every change since the last one: the followers only mark the batch (batchtasks.mark).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from typing import Any
+
+from corral.api import CorralValidationError, SandboxBatchSpec, SandboxTemplateSpec, validate
+
+from ..batchbook import BatchState
+from ..builders import owner_ref, sandbox_labels, sandbox_manifest
+from ..cache import _ts
+from ..constants import A_CLAIM_UID, A_LAUNCH, L_CLAIM
+from ..context import Context
+from ..core import batches as b
+from ..core import lifecycle
+from ..core import vocabulary as v
+from ..kube import ignore, status_code
+from ..planning import Member, adoption_candidates
+from .batchtasks import follow
+from .conditions import now_iso, set_condition
+
+log = logging.getLogger("corral.operator.batch")
+
+READY = "Ready"  # the batch's condition: all its indexes have a sandbox (False: why not yet)
+CREATE_CONCURRENCY = 16
+
+
+async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
+    book = ctx.batches
+    body = ctx.cache.batch(ns, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        book.forget(ns, name)
+        return
+    ctx.cancel_at("SandboxBatch", ns, name)
+    meta, status = body["metadata"], body.get("status") or {}
+    st = book.state(ns, name)
+    try:
+        spec = validate(SandboxBatchSpec, body["spec"])
+        if problem := b.name_problem(name):
+            raise CorralValidationError("SandboxBatch", [("metadata.name", problem)])
+    except CorralValidationError as exc:
+        if status.get("phase") not in b.FINAL_BATCH_PHASES:
+            st.conditions = set_condition(status.get("conditions"), v.FAILED, True, v.R_INVALID_SPEC, str(exc),
+                                          meta.get("generation"))
+            await _write(ctx, body, st, v.FAILED)
+        return
+    if st.indexes is None:
+        st.indexes = _load(status.get("indexes"), spec.replicas)
+        st.conditions = list(status.get("conditions") or [])
+    if status.get("phase") in b.FINAL_BATCH_PHASES and st.written is None:
+        await _after_finish(ctx, body, spec, st)  # finished before this process started: only its TTL is left
+        return
+
+    pending = await _check_indexes(ctx, body, spec, st)
+    if pending:
+        await _bind(ctx, body, spec, st, pending)
+    if spec.task is not None:
+        for entry in st.indexes:
+            i = entry["index"]
+            if entry["phase"] not in (b.BOUND, b.RUNNING) or st.following(i):
+                continue
+            m = ctx.cache.claim_sandbox(ns, b.claim_label(name, i))
+            if m is not None and not m.deleting and (m.ready or entry.get("commandId")):
+                st.followers[i] = asyncio.create_task(follow(ctx, st, ns, name, meta["uid"], i, spec.task),
+                                                      name=f"corral-batch-{ns}-{name}-{i}")
+    phase = await _write(ctx, body, st)
+    if phase in b.FINAL_BATCH_PHASES:
+        await _after_finish(ctx, body, spec, st)
+
+
+def _load(entries: list[dict[str, Any]] | None, replicas: int) -> list[dict[str, Any]]:
+    """The per-index entries from the status (a fresh list for a new batch), one per index, in order."""
+    by_index = {e.get("index"): dict(e) for e in entries or []}
+    return [by_index.get(i) or {"index": i, "phase": v.PENDING} for i in range(replicas)]
+
+
+async def _check_indexes(ctx: Context, body: dict[str, Any], spec: SandboxBatchSpec, st: BatchState) -> list[int]:
+    """Bring each entry up to date with its sandbox; fail the indexes whose sandbox was lost; release the sandboxes of
+    ended tasks (shutdownPolicy). Returns the indexes that still need a sandbox."""
+    assert st.indexes is not None
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    pending = []
+    for entry in st.indexes:
+        i = entry["index"]
+        label = b.claim_label(name, i)
+        m = ctx.cache.claim_sandbox(ns, label)
+        if m is not None:
+            ctx.bound.pop((ns, label), None)
+        if entry["phase"] in b.INDEX_ENDED:
+            if m is not None and not m.deleting and spec.lifecycle.shutdown_policy != "Retain":
+                await ignore({404}, ctx.kube.delete("Sandbox", m.name, ns))
+            continue
+        if m is None and (ns, label) in ctx.bound:
+            continue  # our own adoption or create, not in the cache yet
+        if m is None or m.deleting:
+            if entry.get("sandbox"):
+                st.cancel(i)
+                entry.update(phase=v.FAILED, reason=v.R_SANDBOX_LOST,
+                             message=f"sandbox {entry['sandbox']} was deleted before the task ended")
+            elif m is None:
+                pending.append(i)
+            continue
+        if not entry.get("sandbox"):
+            entry.update(sandbox=m.name, launchType=m.launch_type or v.COLD, phase=b.BOUND)
+    return pending
+
+
+async def _bind(ctx: Context, body: dict[str, Any], spec: SandboxBatchSpec, st: BatchState, pending: list[int]) -> None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    kind, pool_name = spec.pool_ref.kind, spec.pool_ref.name
+    ctx.claim_decided(kind, ns, pool_name)  # the pool's refill waits for the quiet moment after the binding
+    pool = ctx.cache.pool_of_kind(ns, kind, pool_name)
+    template = ctx.cache.template(ns, pool["spec"]["templateRef"]["name"]) if pool else None
+    if pool is None or template is None:
+        what = f"{kind} {pool_name!r}" if pool is None else f"SandboxTemplate {pool['spec']['templateRef']['name']!r}"
+        _waiting(st, meta, v.R_POOL_NOT_FOUND if pool is None else v.R_TEMPLATE_NOT_FOUND,
+                 f"{what} does not exist in {ns}; waiting for it")
+        ctx.batches.wait_for_pool(kind, ns, pool_name, name)
+        return
+    try:
+        tspec, bp_hash = ctx.template_spec(template)
+    except CorralValidationError as exc:
+        _waiting(st, meta, v.R_INVALID_TEMPLATE, str(exc))
+        ctx.batches.wait_for_pool(kind, ns, pool_name, name)
+        return
+    assert st.indexes is not None
+    left = list(pending)
+    while left:
+        m = await _adopt(ctx, body, kind, pool_name, bp_hash, b.claim_label(name, left[0]))
+        if m is None:
+            break
+        i = left.pop(0)
+        st.fresh.add(i)
+        st.indexes[i].update(sandbox=m.name, launchType=v.WARM, phase=b.BOUND)
+    if left and kind == "WarmPool":
+        await _cold(ctx, body, st, pool, template, tspec, bp_hash, left)
+    elif left:
+        async with ctx.pool_lock(ns, pool_name):
+            members = ctx.cache.members(ns, "Pool", pool_name)
+            in_flight = ctx.creates.outstanding(("Pool", ns, pool_name), {m.name for m in members})
+            pool_max = int((pool["spec"].get("capacity") or {}).get("poolMax", 10))
+            room = max(0, pool_max - len(members) - in_flight)
+            made = await _cold(ctx, body, st, pool, template, tspec, bp_hash, left[:room])
+            for sandbox in made:
+                ctx.creates.expect(("Pool", ns, pool_name), sandbox)
+        if len(left) > room:
+            _waiting(st, meta, v.R_POOL_EXHAUSTED,
+                     f"Pool {pool_name} is at poolMax ({pool_max}); {len(left) - room} indexes wait for room")
+            ctx.batches.wait_for_pool(kind, ns, pool_name, name)
+            return
+    if any(e["phase"] == v.PENDING for e in st.indexes):
+        return
+    st.conditions = set_condition(st.conditions, READY, True, v.R_BOUND, "every index has a sandbox",
+                                  meta.get("generation"))
+
+
+def _waiting(st: BatchState, meta: dict[str, Any], reason: str, message: str) -> None:
+    st.conditions = set_condition(st.conditions, READY, False, reason, message, meta.get("generation"))
+
+
+async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_hash: str, label: str) -> Member | None:
+    """The claims' warm adoption (reconcile/claims.py): one write conditional on the sandbox's resourceVersion."""
+    meta = body["metadata"]
+    ns = meta["namespace"]
+    reserved = {n for (rns, n) in ctx.reserved if rns == ns}
+    for m in adoption_candidates(ctx.cache.members(ns, kind, pool), bp_hash, reserved):
+        ctx.reserved[(ns, m.name)] = (ns, label)
+        patch: dict[str, Any] = {"metadata": {
+            "resourceVersion": m.resource_version,
+            "labels": {L_CLAIM: label},
+            "annotations": {A_LAUNCH: v.WARM, A_CLAIM_UID: meta["uid"]},
+        }}
+        if kind == "WarmPool":  # the batch owns it from now on: deleting the batch deletes the sandbox
+            patch["metadata"]["ownerReferences"] = [owner_ref(body)]
+        try:
+            await ctx.kube.patch("Sandbox", m.name, ns, patch)
+        except Exception as exc:  # noqa: BLE001
+            ctx.reserved.pop((ns, m.name), None)
+            if status_code(exc) in (404, 409, 422):
+                continue
+            raise
+        ctx.bound[(ns, label)] = m.name
+        if kind == "WarmPool":
+            ctx.request(kind, ns, pool)
+        return m
+    return None
+
+
+async def _cold(ctx: Context, body: dict[str, Any], st: BatchState, pool: dict[str, Any], template: dict[str, Any],
+                tspec: SandboxTemplateSpec, bp_hash: str, indexes: list[int]) -> list[str]:
+    """Create a sandbox for each index (at most CREATE_CONCURRENCY at once); returns the names created."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    kind = pool["kind"]
+    tname = template["metadata"]["name"]
+    limit = asyncio.Semaphore(CREATE_CONCURRENCY)
+    assert st.indexes is not None
+    entries = st.indexes
+
+    async def one(i: int) -> str | None:
+        label = b.claim_label(name, i)
+        if kind == "Pool":
+            labels = sandbox_labels(tname, pool=pool["metadata"]["name"], pool_kind="Pool", claim=label,
+                                    bp_hash=bp_hash)
+            owner = owner_ref(pool)
+        else:
+            labels = sandbox_labels(tname, claim=label, bp_hash=bp_hash)
+            owner = owner_ref(body)
+        sandbox = f"{name[:50]}-{meta['uid'][:5]}-{i}"
+        manifest = sandbox_manifest(name=sandbox, namespace=ns, template_name=tname,
+                                    blueprint=copy.deepcopy(template["spec"]), labels=labels, owner=owner,
+                                    annotations={A_LAUNCH: v.COLD, A_CLAIM_UID: meta["uid"]})
+        async with limit:
+            try:
+                await ignore({409}, ctx.kube.create(manifest))
+            except Exception as exc:  # noqa: BLE001 - this index fails, the others go on
+                if status_code(exc) is None or status_code(exc) in (429,) or (status_code(exc) or 0) >= 500:
+                    raise
+                entries[i].update(phase=v.FAILED, reason=v.R_START_FAILED,
+                                  message=f"could not create sandbox {sandbox}: {exc}")
+                return None
+        ctx.bound[(ns, label)] = sandbox
+        st.fresh.add(i)
+        entries[i].update(sandbox=sandbox, launchType=v.COLD, phase=b.BOUND)
+        return sandbox
+
+    made = await asyncio.gather(*(one(i) for i in indexes))
+    return [s for s in made if s]
+
+
+async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str | None = None) -> str:
+    """Write the status if it differs from what this process last wrote (or, first, from what the server holds);
+    returns the batch's phase."""
+    meta, status = body["metadata"], body.get("status") or {}
+    spec = body["spec"]
+    replicas = int(spec.get("replicas") or 0)
+    entries = st.indexes or []
+    counts = b.count(entries)
+    if phase is None:
+        phase = b.batch_phase(replicas, spec.get("task") is not None, counts)
+    desired: dict[str, Any] = {
+        "phase": phase, "replicas": replicas, "bound": counts.bound, "running": counts.running,
+        "succeeded": counts.succeeded, "failed": counts.failed, "indexes": [dict(e) for e in entries],
+        "observedGeneration": meta.get("generation"), "conditions": st.conditions,
+    }
+    if desired == st.written:
+        return phase
+    if st.written is None and all(status.get(k) == x for k, x in desired.items()):
+        st.written = desired  # a restarted process: the server already holds this
+        return phase
+    times = {"startTime": status.get("startTime") or st.times.get("startTime"),
+             "completionTime": status.get("completionTime") or st.times.get("completionTime")}
+    if phase != v.PENDING and not times["startTime"]:
+        times["startTime"] = now_iso()
+    if phase in b.FINAL_BATCH_PHASES and not times["completionTime"]:
+        times["completionTime"] = now_iso()
+    st.times = {k: t for k, t in times.items() if t}
+    await ctx.kube.patch("SandboxBatch", meta["name"], meta["namespace"], {"status": {**desired, **st.times}},
+                         status=True)
+    st.written = desired
+    if phase != (status.get("phase") if st.logged is None else st.logged):
+        st.logged = phase
+        log.info("batch %s/%s %s: %d bound, %d running, %d succeeded, %d failed", meta["namespace"], meta["name"],
+                 phase, counts.bound, counts.running, counts.succeeded, counts.failed)
+    return phase
+
+
+async def _after_finish(ctx: Context, body: dict[str, Any], spec: SandboxBatchSpec, st: BatchState) -> None:
+    ttl = spec.lifecycle.ttl_seconds_after_finished
+    if ttl is None:
+        return
+    meta = body["metadata"]
+    finished = _ts(st.times.get("completionTime") or (body.get("status") or {}).get("completionTime")) or time.time()
+    expiry = lifecycle.finished_expiry(finished, ttl)
+    if lifecycle.due(expiry, time.time()):
+        log.info("batch %s/%s: ttlSecondsAfterFinished passed; deleting", meta["namespace"], meta["name"])
+        await ignore({404, 409}, ctx.kube.delete("SandboxBatch", meta["name"], meta["namespace"], uid=meta["uid"]))
+    elif expiry is not None:
+        ctx.request_at("SandboxBatch", meta["namespace"], meta["name"], expiry)

@@ -1,0 +1,122 @@
+"""A SandboxBatch's tasks in execd: start each as a background command, then follow it to its end over one Server-Sent
+Events connection per sandbox (execd's GET /v1/command/{id}/wait: its status at once, a keepalive comment every
+KEEPALIVE seconds, its exit). No request is made while a task runs; a broken connection is opened again (backing off)
+by the same command id, which is also how a restarted operator re-attaches: the id is in the batch's status.
+
+A follower only updates its index's entry in memory and asks for a reconcile of the batch COALESCE seconds later;
+tasks that end together are written to the status in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from corral.api.batch import BatchTask
+
+from ..batchbook import BatchState
+from ..context import Context
+from ..core import batches as b
+from ..core import vocabulary as v
+from .handover import ExecdUnreachable, hand_over
+
+log = logging.getLogger("corral.operator.batch")
+
+COMMAND_PATH = "/v1/command"  # execd: POST starts a command; /{id}/wait follows one (execd/commands.py, waits.py)
+KEEPALIVE = 15.0  # seconds between execd's keepalive comments on a wait stream
+READ_TIMEOUT = 3 * KEEPALIVE  # no byte for this long: the connection is dead, open it again
+COALESCE = 0.05  # seconds between a task's end and the status write that carries it (and every other end by then)
+MAX_BACKOFF = 30.0
+
+
+def mark(ctx: Context, ns: str, batch: str) -> None:
+    """Ask for the batch's status to be written soon (one write for everything that changed meanwhile)."""
+    ctx.request_at("SandboxBatch", ns, batch, time.time() + COALESCE)
+
+
+class StartRefused(Exception):
+    """execd refused the task as written (4xx): the index fails, no retry."""
+
+
+async def _start(ctx: Context, url: str, token: str, task: BatchTask, index: int, adopt: bool) -> str:
+    """The id of index `index`'s command: a background command already there (`adopt`: this process may have
+    started it before a restart and not lived to write its id), else a new one."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if adopt:
+        r = await ctx.http().get(url + COMMAND_PATH, headers=headers)
+        r.raise_for_status()
+        ours = [c for c in r.json().get("commands") or [] if c.get("mode") == "background"]
+        if ours:
+            return str(max(ours, key=lambda c: c.get("started_at") or 0)["id"])
+    r = await ctx.http().post(url + COMMAND_PATH, json=b.task_request(task, index), headers=headers)
+    if 400 <= r.status_code < 500 and r.status_code not in (401, 408, 429):
+        raise StartRefused(f"execd refused the task ({r.status_code}): {r.text[:300]}")
+    r.raise_for_status()
+    return str(r.json()["id"])
+
+
+async def _wait(ctx: Context, url: str, token: str, command_id: str) -> dict[str, Any] | None:
+    """The command's final status from its wait stream; None if execd does not know the command."""
+    timeout = httpx.Timeout(10.0, read=READ_TIMEOUT)
+    async with ctx.http().stream("GET", f"{url}{COMMAND_PATH}/{command_id}/wait", params={"keepalive": KEEPALIVE},
+                                 headers={"Authorization": f"Bearer {token}"}, timeout=timeout) as r:
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        event = ""
+        async for line in r.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "exit":
+                final: dict[str, Any] = json.loads(line[6:])
+                return final
+    raise httpx.ReadError("the wait stream ended without an exit event")
+
+
+async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: str, index: int,
+                 task: BatchTask) -> None:
+    """Start (or find) index `index`'s task and follow it to its end; the outcome goes into its entry."""
+    assert st.indexes is not None
+    entry = st.indexes[index]
+    backoff = 0.5
+    while True:
+        m = ctx.cache.claim_sandbox(ns, b.claim_label(batch, index))
+        pod = ctx.cache.pod(ns, m.name) if m is not None else None
+        if m is None or m.deleting or pod is None or not m.endpoint:
+            return  # lost or not there yet: the sandbox's watch event brings the batch's reconcile back
+        url = f"http://{m.endpoint}"
+        try:
+            token = await hand_over(ctx, ns, m.name, m.uid, pod.uid, url, batch_uid)
+            if not entry.get("commandId"):
+                entry["commandId"] = await _start(ctx, url, token, task, index, adopt=index not in st.fresh)
+                entry["phase"] = b.RUNNING
+                mark(ctx, ns, batch)
+            final = await _wait(ctx, url, token, entry["commandId"])
+        except StartRefused as exc:
+            _end(entry, v.FAILED, v.R_START_FAILED, str(exc), None)
+            break
+        except (httpx.HTTPError, ExecdUnreachable, ValueError) as exc:
+            log.info("batch %s/%s index %d: execd of %s: %s; again in %.1fs", ns, batch, index, m.name, exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF, backoff * 2)
+            continue
+        if final is None:
+            _end(entry, v.FAILED, b.R_TASK_LOST, f"execd of sandbox {m.name} no longer knows the task's command "
+                 f"{entry['commandId']} (it restarted)", None)
+        else:
+            outcome = b.task_outcome(final.get("exit_code"), signal=final.get("signal"),
+                                     timed_out=bool(final.get("timed_out")), interrupted=bool(final.get("interrupted")))
+            _end(entry, outcome.phase, outcome.reason, outcome.message, outcome.exit_code)
+        break
+    mark(ctx, ns, batch)
+
+
+def _end(entry: dict[str, Any], phase: str, reason: str, message: str, exit_code: int | None) -> None:
+    entry.update(phase=phase, reason=reason, message=message)
+    if exit_code is not None:
+        entry["exitCode"] = exit_code

@@ -1,0 +1,128 @@
+"""Kubernetes mode, SandboxBatch (issue 17): a batch binds warm first then cold, none twice; each index's task runs
+once through execd and its end (exit 0, exit 3, a timeout) is counted right; a batch for a missing pool waits with a
+condition, then binds when the pool appears; a restarted operator re-attaches to running tasks and loses no result.
+
+A real execd stands in for each kwok pod's on the pod's loopback IP (conftest.PodExecd): started for each sandbox as
+it appears, before or after it is bound. The test polls the API server (the operator does not)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from kubeutil import Sandbox, idle_ready, status, template, wait_until, warm_pool
+from lightkube.generic_resource import create_namespaced_resource
+
+pytestmark = pytest.mark.kube
+
+SandboxBatch = create_namespaced_resource("corral.dev", "v1alpha1", "SandboxBatch", "sandboxbatches")
+
+# Each task appends its index to a file in its execd's workspace (so a second run would show), then ends per index.
+TASK = ('echo "$CORRAL_BATCH_INDEX" >> runs.txt; case "$CORRAL_BATCH_INDEX" in 1) exit 3;; 2) sleep 60;; '
+        '*) sleep "${PAUSE:-0}"; exit 0;; esac')
+
+
+def batch(name, pool_name, replicas, task=None, **spec):
+    body = {"poolRef": {"kind": "WarmPool", "name": pool_name}, "replicas": replicas, **spec}
+    if task is not None:
+        body["task"] = task
+    return SandboxBatch.from_dict({"metadata": {"name": name}, "spec": body})
+
+
+def batch_status(kube, ns, name):
+    return status(kube.get(SandboxBatch, name, namespace=ns))
+
+
+class Execds:
+    """Starts a PodExecd for every sandbox of the namespace that has an endpoint, once each."""
+
+    def __init__(self, kube, ns, pod_execd):
+        self.kube, self.ns, self.start, self.by_sandbox = kube, ns, pod_execd, {}
+
+    def sweep(self) -> int:
+        for s in self.kube.list(Sandbox, namespace=self.ns):
+            name = s.metadata.name
+            if name not in self.by_sandbox and (s.status or {}).get("endpoint") and not s.metadata.deletionTimestamp:
+                self.by_sandbox[name] = self.start(s)
+        return len(self.by_sandbox)
+
+    def runs(self, sandbox: str) -> list[str]:
+        path = Path(self.by_sandbox[sandbox].workdir) / "runs.txt"
+        return path.read_text().split() if path.exists() else []
+
+
+def settle(kube, ns, name, execds, timeout=90.0, done=lambda st: st.get("phase") in ("Succeeded", "Failed")):
+    """Wait for the batch's status to satisfy `done`, starting execd for its sandboxes as they appear."""
+    deadline = time.monotonic() + timeout
+    while True:
+        execds.sweep()
+        st = batch_status(kube, ns, name)
+        if done(st):
+            return st
+        assert time.monotonic() < deadline, f"batch {name} did not settle: {st}"
+        time.sleep(0.3)
+
+
+def test_warm_first_then_cold_none_twice_and_outcomes_counted(kube, operator, ns, pod_execd):
+    kube.create(template("t"), namespace=ns)
+    kube.create(warm_pool("wp", "t", 3), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 3, 60, 0.2, "3 warm sandboxes")
+    warm = {s.metadata.name for s in idle_ready(kube, ns, "wp")}
+    execds = Execds(kube, ns, pod_execd)
+    execds.sweep()
+    kube.create(batch("job", "wp", 5, {"command": TASK, "timeoutSeconds": 3}), namespace=ns)
+    st = settle(kube, ns, "job", execds)
+
+    entries = {e["index"]: e for e in st["indexes"]}
+    assert sorted(entries) == [0, 1, 2, 3, 4]
+    sandboxes = [e["sandbox"] for e in entries.values()]
+    assert len(set(sandboxes)) == 5, sandboxes  # none twice
+    launched = {e["sandbox"]: e["launchType"] for e in entries.values()}
+    assert {s for s, lt in launched.items() if lt == "Warm"} == warm  # exactly the 3 warm ones
+    assert sum(lt == "Cold" for lt in launched.values()) == 2
+    assert (entries[0]["phase"], entries[0]["exitCode"], entries[0]["reason"]) == ("Succeeded", 0, "Completed")
+    assert (entries[1]["phase"], entries[1]["exitCode"], entries[1]["reason"]) == ("Failed", 3, "NonZeroExit")
+    assert (entries[2]["phase"], entries[2]["reason"]) == ("Failed", "TaskTimeout")
+    assert entries[3]["phase"] == entries[4]["phase"] == "Succeeded"
+    assert (st["phase"], st["bound"], st["running"], st["succeeded"], st["failed"]) == ("Failed", 5, 0, 3, 2)
+    assert st.get("completionTime") and st.get("startTime")
+    for i, e in entries.items():
+        assert execds.runs(e["sandbox"]) == [str(i)], (i, e)  # each task ran once, with its own index
+    # shutdownPolicy Delete (the default): the ended tasks' sandboxes go
+    wait_until(lambda: not [s for s in kube.list(Sandbox, namespace=ns) if s.metadata.name in sandboxes
+                            and not s.metadata.deletionTimestamp], 30, 0.3, "the batch's sandboxes deleted")
+
+
+def test_a_batch_for_a_missing_pool_waits_with_a_condition_then_binds(kube, operator, ns):
+    kube.create(batch("later", "wp-later", 2), namespace=ns)  # no task: the batch only binds
+    wait_until(lambda: any(c.get("reason") == "PoolNotFound" and c.get("status") == "False"
+                           for c in batch_status(kube, ns, "later").get("conditions") or []), 30, 0.2,
+               "PoolNotFound condition")
+    assert batch_status(kube, ns, "later")["phase"] == "Pending"
+    kube.create(template("t"), namespace=ns)
+    kube.create(warm_pool("wp-later", "t", 1), namespace=ns)
+    wait_until(lambda: batch_status(kube, ns, "later").get("phase") == "Finished", 60, 0.3, "batch bound")
+    st = batch_status(kube, ns, "later")
+    assert st["bound"] == 2 and all(e["phase"] == "Bound" for e in st["indexes"])
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in st["conditions"])
+    assert len({e["sandbox"] for e in st["indexes"]}) == 2
+
+
+def test_operator_restart_reattaches_and_loses_no_result(kube, operator, ns, pod_execd):
+    kube.create(template("t"), namespace=ns)
+    kube.create(warm_pool("wp", "t", 4), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 4, 60, 0.2, "4 warm sandboxes")
+    execds = Execds(kube, ns, pod_execd)
+    execds.sweep()
+    task = {"command": 'echo "$CORRAL_BATCH_INDEX" >> runs.txt; sleep 4; exit "$CORRAL_BATCH_INDEX"'}
+    kube.create(batch("long", "wp", 4, task), namespace=ns)
+    settle(kube, ns, "long", execds, done=lambda st: st.get("running") == 4)
+    operator.kill()  # SIGKILL while the 4 tasks run
+    operator.start()
+    st = settle(kube, ns, "long", execds)
+    entries = {e["index"]: e for e in st["indexes"]}
+    assert [entries[i]["exitCode"] for i in range(4)] == [0, 1, 2, 3]
+    assert (st["succeeded"], st["failed"], st["running"]) == (1, 3, 0)
+    for i, e in entries.items():
+        assert execds.runs(e["sandbox"]) == [str(i)], (i, e)  # re-attached, not run again
