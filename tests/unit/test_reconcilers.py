@@ -2,7 +2,7 @@
 functions, a real Context and Cache, and the API calls they make counted and checked.
 
 Scenarios: two claims racing for one warm sandbox; a WarmPool's refill paced by a claim stream; a claim that
-outlives its pool; lost pods in a namespace being deleted.
+outlives its pool; lost pods in a namespace being deleted; a refill whose creates fail.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fakekube import FakeKube, Operator, iso
+from lightkube import ApiError
 
 from corral.api.common import API_VERSION
 from corral.api.template import EXECD_DEFAULT_PORT
@@ -368,3 +369,25 @@ async def test_lost_pods_after_a_node_loss_are_all_repaired() -> None:
     assert sorted(c.name for c in fake.made("create", "Pod", ok=True)) == [f"p-{i}" for i in range(5)]
     assert len(fake.made("create", "Secret")) == 1  # the namespace's execd key, once
     assert NS not in op.ctx.terminating
+
+
+# ---- a failing refill ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("code,raised", [(500, True), (422, False)])
+async def test_a_refill_stops_at_the_first_failed_batch_and_says_why(code: int, raised: bool) -> None:
+    fake = FakeKube()
+    put_template(fake)
+    put_warmpool(fake, replicas=7)  # slow start: batches of 1, 2, 4
+    op = Operator(fake)
+    fake.fail("create", "Sandbox", code, message="admission webhook said no", times=1)
+
+    try:
+        await reconcile_warmpool(op.ctx, NS, "wp")
+        error = None
+    except ApiError as exc:
+        error = exc
+
+    assert (error is not None) == raised  # transient: retried by the queue; 403/422: reported, not retried
+    assert [c.code for c in fake.made("create", "Sandbox")] == [code]  # the first batch (one) failed: no second
+    ready = {c["type"]: c for c in fake.find("WarmPool", NS, "wp")["status"]["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "CreateFailed")
+    assert ready["message"] == "admission webhook said no"
