@@ -40,8 +40,9 @@ class Execds:
     def __init__(self, kube, ns, pod_execd):
         self.kube, self.ns, self.start, self.by_sandbox = kube, ns, pod_execd, {}
 
-    def sweep(self) -> int:
-        for s in self.kube.list(Sandbox, namespace=self.ns):
+    def sweep(self, bound_only: bool = False) -> int:
+        """Every sandbox's, or (`bound_only`) those of bound sandboxes only: a pool's refills need none."""
+        for s in self.kube.list(Sandbox, namespace=self.ns, labels={"corral.dev/claim": None} if bound_only else None):
             name = s.metadata.name
             if name not in self.by_sandbox and (s.status or {}).get("endpoint") and not s.metadata.deletionTimestamp:
                 self.by_sandbox[name] = self.start(s)
@@ -56,7 +57,7 @@ def settle(kube, ns, name, execds, timeout=90.0, done=lambda st: st.get("phase")
     """Wait for the batch's status to satisfy `done`, starting execd for its sandboxes as they appear."""
     deadline = time.monotonic() + timeout
     while True:
-        execds.sweep()
+        execds.sweep(bound_only=True)
         st = batch_status(kube, ns, name)
         if done(st):
             return st
@@ -126,3 +127,86 @@ def test_operator_restart_reattaches_and_loses_no_result(kube, operator, ns, pod
     assert (st["succeeded"], st["failed"], st["running"]) == (1, 3, 0)
     for i, e in entries.items():
         assert execds.runs(e["sandbox"]) == [str(i)], (i, e)  # re-attached, not run again
+
+
+def batch_writes(operator) -> float:
+    return sum(v for k, v in operator.metrics().items()
+               if k.startswith("corral_api_requests_total") and 'resource="SandboxBatch' in k)
+
+
+def execd_requests(kube, ns, batch_name, execds) -> float:
+    """Requests execd served for the batch's sandboxes (its metrics endpoint's own excepted), with the batch's token."""
+    import httpx
+    from kubeutil import TOKEN_SECRET
+    from lightkube.resources.core_v1 import Pod  # noqa: F401  (the token derives from the Sandbox's uid)
+
+    from corral.operator.tokens import claim_token
+
+    uid = kube.get(SandboxBatch, batch_name, namespace=ns).metadata.uid
+    total = 0.0
+    for e in batch_status(kube, ns, batch_name)["indexes"]:
+        sb = kube.get(Sandbox, e["sandbox"], namespace=ns)
+        token = claim_token(TOKEN_SECRET.encode(), ns, sb.metadata.name, sb.metadata.uid, uid)
+        text = httpx.get(f"{execds.by_sandbox[sb.metadata.name].url}/v1/metrics", timeout=5,
+                         headers={"Authorization": f"Bearer {token}"}).text
+        total += sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+                     if line.startswith("execd_http_requests_total") and "/v1/metrics" not in line)
+    return total
+
+
+def test_tasks_ending_together_cost_a_handful_of_writes_and_nothing_polls_while_they_run(kube, operator, ns,
+                                                                                         pod_execd):
+    kube.create(template("t"), namespace=ns)
+    kube.create(warm_pool("wp", "t", 8), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 8, 60, 0.2, "8 warm sandboxes")
+    execds = Execds(kube, ns, pod_execd)
+    execds.sweep()
+    before = batch_writes(operator)
+    kube.create(batch("many", "wp", 8, {"command": "sleep 6"}, lifecycle={"shutdownPolicy": "Retain"}), namespace=ns)
+    settle(kube, ns, "many", execds, done=lambda st: st.get("running") == 8)
+    writes, served = batch_writes(operator), execd_requests(kube, ns, "many", execds)
+    time.sleep(2.5)  # the 8 tasks run: the operator asks neither execd nor the API server anything about them
+    assert batch_writes(operator) == writes
+    assert execd_requests(kube, ns, "many", execds) == served
+    st = settle(kube, ns, "many", execds)
+    assert (st["phase"], st["succeeded"]) == ("Succeeded", 8)
+    total = batch_writes(operator) - before
+    print(f"SandboxBatch writes for 8 replicas: {total:.0f}")
+    assert total <= 6, total  # bound, started, ended: coalesced, not one per index and step
+
+
+def test_a_sandbox_deleted_mid_task_fails_only_its_index(kube, operator, ns, pod_execd):
+    kube.create(template("t"), namespace=ns)
+    kube.create(warm_pool("wp", "t", 2), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 2, 60, 0.2, "2 warm sandboxes")
+    execds = Execds(kube, ns, pod_execd)
+    execds.sweep()
+    task = {"command": 'if [ "$CORRAL_BATCH_INDEX" = 0 ]; then sleep 60; else sleep 4; fi'}
+    kube.create(batch("lost", "wp", 2, task), namespace=ns)
+    st = settle(kube, ns, "lost", execds, done=lambda st: st.get("running") == 2)
+    victim = next(e["sandbox"] for e in st["indexes"] if e["index"] == 0)
+    kube.delete(Sandbox, victim, namespace=ns)
+    st = settle(kube, ns, "lost", execds)
+    entries = {e["index"]: e for e in st["indexes"]}
+    assert (entries[0]["phase"], entries[0]["reason"]) == ("Failed", "SandboxLost")
+    assert victim in entries[0]["message"]
+    assert (entries[1]["phase"], entries[1]["exitCode"]) == ("Succeeded", 0)
+    assert (st["phase"], st["succeeded"], st["failed"]) == ("Failed", 1, 1)
+
+
+def test_a_pool_batch_is_bounded_by_pool_max_and_binds_the_rest_when_there_is_room(kube, operator, ns):
+    from kubeutil import Pool, pool
+    from lightkube.types import PatchType
+
+    kube.create(template("t"), namespace=ns)
+    kube.create(pool("p", "t", capacity={"bufferMin": 0, "bufferMax": 0, "poolMin": 0, "poolMax": 3}), namespace=ns)
+    spec = {"poolRef": {"kind": "Pool", "name": "p"}, "replicas": 4}
+    kube.create(SandboxBatch.from_dict({"metadata": {"name": "pb"}, "spec": spec}), namespace=ns)
+    wait_until(lambda: any(c.get("reason") == "PoolExhausted"
+                           for c in batch_status(kube, ns, "pb").get("conditions") or []), 30, 0.2, "PoolExhausted")
+    st = batch_status(kube, ns, "pb")
+    assert st["bound"] == 3 and st["phase"] == "Pending"
+    assert len(list(kube.list(Sandbox, namespace=ns, labels={"corral.dev/pool": "p"}))) == 3
+    kube.patch(Pool, "p", {"spec": {"capacity": {"poolMax": 4}}}, namespace=ns, patch_type=PatchType.MERGE)
+    wait_until(lambda: batch_status(kube, ns, "pb").get("phase") == "Finished", 60, 0.3, "4 bound")
+    assert len({e["sandbox"] for e in batch_status(kube, ns, "pb")["indexes"]}) == 4
