@@ -210,3 +210,20 @@ def test_a_pool_batch_is_bounded_by_pool_max_and_binds_the_rest_when_there_is_ro
     kube.patch(Pool, "p", {"spec": {"capacity": {"poolMax": 4}}}, namespace=ns, patch_type=PatchType.MERGE)
     wait_until(lambda: batch_status(kube, ns, "pb").get("phase") == "Finished", 60, 0.3, "4 bound")
     assert len({e["sandbox"] for e in batch_status(kube, ns, "pb")["indexes"]}) == 4
+
+
+def test_a_batch_of_50_against_a_warm_pool_of_20_gets_exactly_20_warm_and_30_cold(kube, operator, ns):
+    kube.create(template("t"), namespace=ns)
+    kube.create(warm_pool("wp", "t", 20), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 20, 120, 0.3, "20 warm sandboxes")
+    warm = {s.metadata.name for s in idle_ready(kube, ns, "wp")}
+    kube.create(batch("fifty", "wp", 50), namespace=ns)  # no task: binding alone
+    wait_until(lambda: batch_status(kube, ns, "fifty").get("phase") == "Finished", 180, 0.5, "50 bound")
+    st = batch_status(kube, ns, "fifty")
+    sandboxes = [e["sandbox"] for e in st["indexes"]]
+    assert st["bound"] == 50 and len(set(sandboxes)) == 50  # none twice
+    assert {e["sandbox"] for e in st["indexes"] if e["launchType"] == "Warm"} == warm
+    assert sum(e["launchType"] == "Cold" for e in st["indexes"]) == 30
+    labelled = {s.metadata.labels["corral.dev/claim"]: s.metadata.name
+                for s in kube.list(Sandbox, namespace=ns, labels={"corral.dev/claim": None})}
+    assert {f"fifty_{e['index']}": e["sandbox"] for e in st["indexes"]}.items() <= labelled.items()
