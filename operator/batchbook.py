@@ -12,6 +12,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from .core import metrics
+
 Key = tuple[str, str]  # (namespace, batch)
 PoolKey = tuple[str, str, str]  # (pool kind, namespace, pool)
 
@@ -25,6 +27,11 @@ class BatchState:
     conditions: list[dict[str, Any]] = field(default_factory=list)
     times: dict[str, str] = field(default_factory=dict)  # startTime / completionTime as written
     logged: str | None = None  # the phase last logged
+    # metrics: what this process has counted (a restarted one counts what ended before it started as counted)
+    pool: str = ""
+    running_counted: set[int] = field(default_factory=set)
+    ended_counted: set[int] = field(default_factory=set)
+    final_counted: bool = False
 
     def following(self, index: int) -> bool:
         task = self.followers.get(index)
@@ -50,6 +57,7 @@ class BatchBook:
         st = self.states.pop((ns, name), None)
         if st is not None:
             st.cancel()
+            metrics.batch_tasks_running(ns, st.pool, -len(st.running_counted))
 
     def wait_for_pool(self, kind: str, ns: str, pool: str, batch: str) -> None:
         self.waiting.setdefault((kind, ns, pool), set()).add(batch)

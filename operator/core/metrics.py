@@ -6,6 +6,9 @@ the Kubernetes operator and the Docker runtime alike.
                                                          failed or finished (vocabulary.REASONS)
     corral_pool_sandboxes{namespace, pool, state}        sandboxes of a pool by state (vocabulary.POOL_STATES);
                                                          on Docker `namespace` is the stack name
+    corral_batch_duration_seconds{pool, phase}           SandboxBatch created -> final phase (core.batches), histogram
+    corral_batch_tasks_total{outcome, pool}              batch tasks by how they ended (Completed or the reason)
+    corral_batch_tasks_running{namespace, pool}          batch tasks running now
 
 `launch_type` is warm, cold or none (never bound). Runtime-specific metrics live beside each runtime
 (`corral.operator.metrics` for Kubernetes API calls and reconciles, `corral.operator.docker.metrics` for Docker
@@ -28,7 +31,15 @@ CLAIMS = Counter("corral_claims_total", "Claims by outcome: Bound, or the reason
 POOL_SANDBOXES = Gauge("corral_pool_sandboxes", "Sandboxes of a pool by state (desired/ready/idle/allocated).",
                        ["namespace", "pool", "state"])
 
-SHARED = (CLAIM_LATENCY, CLAIMS, POOL_SANDBOXES)
+BATCH_DURATION = Histogram(
+    "corral_batch_duration_seconds", "SandboxBatch created -> its final phase, by pool and phase.", ["pool", "phase"],
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600),
+)
+BATCH_TASKS = Counter("corral_batch_tasks_total", "Batch tasks by how they ended: Completed, or why they failed.",
+                      ["outcome", "pool"])
+BATCH_TASKS_RUNNING = Gauge("corral_batch_tasks_running", "Batch tasks running now.", ["namespace", "pool"])
+
+SHARED = (CLAIM_LATENCY, CLAIMS, POOL_SANDBOXES, BATCH_DURATION, BATCH_TASKS, BATCH_TASKS_RUNNING)
 
 
 def claim_bound(pool: str, launch_type: str, seconds: float) -> None:
@@ -49,3 +60,19 @@ def pool_sandboxes(namespace: str, pool: str, *, desired: int, ready: int, idle:
     values = dict(zip(POOL_STATES, (desired, ready, idle, allocated), strict=True))
     for state, value in values.items():
         POOL_SANDBOXES.labels(namespace=namespace, pool=pool, state=state).set(value)
+
+
+def batch_task_ended(pool: str, reason: str) -> None:
+    """A batch task ended for `reason` (core.batches: Completed, NonZeroExit, TaskTimeout, ... or SandboxLost)."""
+    BATCH_TASKS.labels(outcome=reason or "Unknown", pool=pool).inc()
+
+
+def batch_tasks_running(namespace: str, pool: str, delta: int) -> None:
+    """`delta` more (or fewer) batch tasks run on this pool."""
+    if delta:
+        BATCH_TASKS_RUNNING.labels(namespace=namespace, pool=pool).inc(delta)
+
+
+def batch_finished(pool: str, phase: str, seconds: float) -> None:
+    """A batch reached its final `phase` `seconds` after it was created."""
+    BATCH_DURATION.labels(pool=pool, phase=phase).observe(max(0.0, seconds))

@@ -23,7 +23,7 @@ from ..cache import _ts
 from ..constants import A_CLAIM_UID, A_LAUNCH, L_CLAIM
 from ..context import Context
 from ..core import batches as b
-from ..core import lifecycle
+from ..core import lifecycle, metrics
 from ..core import vocabulary as v
 from ..kube import ignore, status_code
 from ..planning import Member, adoption_candidates
@@ -58,6 +58,9 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
     if st.indexes is None:
         st.indexes = _load(status.get("indexes"), spec.replicas)
         st.conditions = list(status.get("conditions") or [])
+        st.pool = spec.pool_ref.name
+        st.ended_counted = {e["index"] for e in st.indexes if e["phase"] in b.INDEX_ENDED}
+        st.final_counted = status.get("phase") in b.FINAL_BATCH_PHASES
     if status.get("phase") in b.FINAL_BATCH_PHASES and st.written is None:
         await _after_finish(ctx, body, spec, st)  # finished before this process started: only its TTL is left
         return
@@ -257,6 +260,7 @@ async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str 
     }
     if desired == st.written:
         return phase
+    _account(meta, st, phase)
     if st.written is None and all(status.get(k) == x for k, x in desired.items()):
         st.written = desired  # a restarted process: the server already holds this
         return phase
@@ -275,6 +279,26 @@ async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str 
         log.info("batch %s/%s %s: %d bound, %d running, %d succeeded, %d failed", meta["namespace"], meta["name"],
                  phase, counts.bound, counts.running, counts.succeeded, counts.failed)
     return phase
+
+
+def _account(meta: dict[str, Any], st: BatchState, phase: str) -> None:
+    """The batch metrics (core.metrics) for what changed since the last count."""
+    delta = 0
+    for e in st.indexes or []:
+        i, index_phase = e["index"], e["phase"]
+        if index_phase == b.RUNNING and i not in st.running_counted:
+            st.running_counted.add(i)
+            delta += 1
+        elif index_phase != b.RUNNING and i in st.running_counted:
+            st.running_counted.discard(i)
+            delta -= 1
+        if index_phase in b.INDEX_ENDED and i not in st.ended_counted:
+            st.ended_counted.add(i)
+            metrics.batch_task_ended(st.pool, e.get("reason") or "")
+    metrics.batch_tasks_running(meta["namespace"], st.pool, delta)
+    if phase in b.FINAL_BATCH_PHASES and not st.final_counted:
+        st.final_counted = True
+        metrics.batch_finished(st.pool, phase, time.time() - _ts(meta.get("creationTimestamp")))
 
 
 async def _after_finish(ctx: Context, body: dict[str, Any], spec: SandboxBatchSpec, st: BatchState) -> None:

@@ -72,6 +72,7 @@ def test_warm_first_then_cold_none_twice_and_outcomes_counted(kube, operator, ns
     warm = {s.metadata.name for s in idle_ready(kube, ns, "wp")}
     execds = Execds(kube, ns, pod_execd)
     execds.sweep()
+    before = operator.metrics()
     kube.create(batch("job", "wp", 5, {"command": TASK, "timeoutSeconds": 3}), namespace=ns)
     st = settle(kube, ns, "job", execds)
 
@@ -90,6 +91,16 @@ def test_warm_first_then_cold_none_twice_and_outcomes_counted(kube, operator, ns
     assert st.get("completionTime") and st.get("startTime")
     for i, e in entries.items():
         assert execds.runs(e["sandbox"]) == [str(i)], (i, e)  # each task ran once, with its own index
+    after = operator.metrics()
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    outcomes = {o: delta(f'corral_batch_tasks_total{{outcome="{o}",pool="wp"}}')
+                for o in ("Completed", "NonZeroExit", "TaskTimeout")}
+    assert outcomes == {"Completed": 3, "NonZeroExit": 1, "TaskTimeout": 1}
+    assert delta('corral_batch_duration_seconds_count{phase="Failed",pool="wp"}') == 1
+    assert after[f'corral_batch_tasks_running{{namespace="{ns}",pool="wp"}}'] == 0
     # shutdownPolicy Delete (the default): the ended tasks' sandboxes go
     wait_until(lambda: not [s for s in kube.list(Sandbox, namespace=ns) if s.metadata.name in sandboxes
                             and not s.metadata.deletionTimestamp], 30, 0.3, "the batch's sandboxes deleted")

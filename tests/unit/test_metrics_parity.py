@@ -32,7 +32,10 @@ def test_docker_and_kubernetes_registries_share_names_and_labels():
     docker = registry_of("corral.operator.docker.main")     # the Docker runtime (python -m corral.operator.docker)
     shared = {"corral_claim_latency_seconds": ["launch_type", "pool"],
               "corral_claims": ["launch_type", "outcome", "pool"],        # exposed as corral_claims_total
-              "corral_pool_sandboxes": ["namespace", "pool", "state"]}
+              "corral_pool_sandboxes": ["namespace", "pool", "state"],
+              "corral_batch_duration_seconds": ["phase", "pool"],
+              "corral_batch_tasks": ["outcome", "pool"],                 # exposed as corral_batch_tasks_total
+              "corral_batch_tasks_running": ["namespace", "pool"]}
     for name, labels in shared.items():
         assert kube.get(name) == labels, (name, kube.get(name))
         assert docker.get(name) == labels, (name, docker.get(name))
