@@ -12,7 +12,6 @@ import time
 import uuid
 
 import pytest
-
 from clusterutil import host_sysctls
 from waiting import wait_until
 
@@ -203,8 +202,8 @@ def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster,
                    300, what="a new Ready operator pod")
 
         def bound():
-            claims = {c["metadata"]["name"]: c for c in
-                      kind_cluster.json("-n", SBX_NS, "get", "sandboxclaims")["items"] if c["metadata"]["name"] in names}
+            items = kind_cluster.json("-n", SBX_NS, "get", "sandboxclaims")["items"]
+            claims = {c["metadata"]["name"]: c for c in items if c["metadata"]["name"] in names}
             phases = {n: (claims[n].get("status") or {}).get("phase") for n in names if n in claims}
             return len(phases) == len(names) and all(p == "Bound" for p in phases.values()) and claims
 
@@ -219,7 +218,7 @@ def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster,
             if claim:
                 assert claim not in owners, f"claim {claim} holds two sandboxes"
                 owners[claim] = s["metadata"]["name"]
-        assert {n: owners.get(n) for n in names} == dict(zip(names, sandboxes))
+        assert {n: owners.get(n) for n in names} == dict(zip(names, sandboxes, strict=True))
     finally:
         kind_cluster.kubectl("-n", SBX_NS, "delete", "sandboxclaims", *names, "--wait=false", check=False)
 
