@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import logging
 import time
 from typing import Any
@@ -139,14 +140,7 @@ async def _bind(ctx: Context, body: dict[str, Any], spec: SandboxBatchSpec, st: 
         ctx.batches.wait_for_pool(kind, ns, pool_name, name)
         return
     assert st.indexes is not None
-    left = list(pending)
-    while left:
-        m = await _adopt(ctx, body, kind, pool_name, bp_hash, b.claim_label(name, left[0]))
-        if m is None:
-            break
-        i = left.pop(0)
-        st.fresh.add(i)
-        st.indexes[i].update(sandbox=m.name, launchType=v.WARM, phase=b.BOUND)
+    left = await _adopt_all(ctx, body, st, kind, pool_name, bp_hash, list(pending))
     if left and kind == "WarmPool":
         await _cold(ctx, body, st, pool, template, tspec, bp_hash, left)
     elif left:
@@ -173,32 +167,64 @@ def _waiting(st: BatchState, meta: dict[str, Any], reason: str, message: str) ->
     st.conditions = set_condition(st.conditions, READY, False, reason, message, meta.get("generation"))
 
 
-async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_hash: str, label: str) -> Member | None:
-    """The claims' warm adoption (reconcile/claims.py): one write conditional on the sandbox's resourceVersion."""
+async def _adopt_all(ctx: Context, body: dict[str, Any], st: BatchState, kind: str, pool: str, bp_hash: str,
+                     pending: list[int]) -> list[int]:
+    """Warm adoption for as many pending indexes as the pool has ready sandboxes: the claims' adoption write (one
+    patch conditional on the sandbox's resourceVersion, reconcile/claims.py), CREATE_CONCURRENCY at a time. A
+    sandbox taken meanwhile (409) sends its index to the next candidate. Returns the indexes still without one."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    assert st.indexes is not None
+    entries = st.indexes
+    limit = asyncio.Semaphore(CREATE_CONCURRENCY)
+    left, adopted = list(pending), 0
+    while left:
+        reserved = {n for (rns, n) in ctx.reserved if rns == ns}
+        candidates = list(itertools.islice(adoption_candidates(ctx.cache.members(ns, kind, pool), bp_hash, reserved),
+                                           len(left)))
+        if not candidates:
+            break
+        pairs = list(zip(left, candidates, strict=False))
+        for i, m in pairs:  # reserved before any write goes out: no other claim or batch tries them meanwhile
+            ctx.reserved[(ns, m.name)] = (ns, b.claim_label(name, i))
+
+        async def one(i: int, m: Member) -> bool:
+            async with limit:
+                return await _adopt(ctx, body, kind, m, b.claim_label(name, i))
+
+        taken = await asyncio.gather(*(one(i, m) for i, m in pairs))
+        for (i, m), ok in zip(pairs, taken, strict=True):
+            if ok:
+                adopted += 1
+                st.fresh.add(i)
+                entries[i].update(sandbox=m.name, launchType=v.WARM, phase=b.BOUND)
+        left = [i for (i, _), ok in zip(pairs, taken, strict=True) if not ok] + left[len(pairs):]
+        if all(not ok for ok in taken):
+            break
+    if adopted and kind == "WarmPool":
+        ctx.request(kind, ns, pool)  # replenish now, without waiting for the watch events
+    return left
+
+
+async def _adopt(ctx: Context, body: dict[str, Any], kind: str, m: Member, label: str) -> bool:
+    """One warm adoption (the sandbox is already reserved for `label`); False if it was taken or went meanwhile."""
     meta = body["metadata"]
     ns = meta["namespace"]
-    reserved = {n for (rns, n) in ctx.reserved if rns == ns}
-    for m in adoption_candidates(ctx.cache.members(ns, kind, pool), bp_hash, reserved):
-        ctx.reserved[(ns, m.name)] = (ns, label)
-        patch: dict[str, Any] = {"metadata": {
-            "resourceVersion": m.resource_version,
-            "labels": {L_CLAIM: label},
-            "annotations": {A_LAUNCH: v.WARM, A_CLAIM_UID: meta["uid"]},
-        }}
-        if kind == "WarmPool":  # the batch owns it from now on: deleting the batch deletes the sandbox
-            patch["metadata"]["ownerReferences"] = [owner_ref(body)]
-        try:
-            await ctx.kube.patch("Sandbox", m.name, ns, patch)
-        except Exception as exc:  # noqa: BLE001
-            ctx.reserved.pop((ns, m.name), None)
-            if status_code(exc) in (404, 409, 422):
-                continue
-            raise
-        ctx.bound[(ns, label)] = m.name
-        if kind == "WarmPool":
-            ctx.request(kind, ns, pool)
-        return m
-    return None
+    patch: dict[str, Any] = {"metadata": {
+        "resourceVersion": m.resource_version,
+        "labels": {L_CLAIM: label},
+        "annotations": {A_LAUNCH: v.WARM, A_CLAIM_UID: meta["uid"]},
+    }}
+    if kind == "WarmPool":  # the batch owns it from now on: deleting the batch deletes the sandbox
+        patch["metadata"]["ownerReferences"] = [owner_ref(body)]
+    try:
+        await ctx.kube.patch("Sandbox", m.name, ns, patch)
+    except Exception as exc:  # noqa: BLE001
+        ctx.reserved.pop((ns, m.name), None)
+        if status_code(exc) in (404, 409, 422):
+            return False
+        raise
+    ctx.bound[(ns, label)] = m.name
+    return True
 
 
 async def _cold(ctx: Context, body: dict[str, Any], st: BatchState, pool: dict[str, Any], template: dict[str, Any],
