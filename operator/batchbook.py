@@ -32,6 +32,8 @@ class BatchState:
     running_counted: set[int] = field(default_factory=set)
     ended_counted: set[int] = field(default_factory=set)
     final_counted: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one status write at a time
+    flush_at: float | None = None  # when the status write the followers asked for goes out (None: none asked)
 
     def following(self, index: int) -> bool:
         task = self.followers.get(index)

@@ -54,7 +54,8 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
         if status.get("phase") not in b.FINAL_BATCH_PHASES:
             st.conditions = set_condition(status.get("conditions"), v.FAILED, True, v.R_INVALID_SPEC, str(exc),
                                           meta.get("generation"))
-            await _write(ctx, body, st, v.FAILED)
+            async with st.lock:
+                await _write(ctx, body, st, v.FAILED)
         return
     if st.indexes is None:
         st.indexes = _load(status.get("indexes"), spec.replicas)
@@ -78,9 +79,28 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
             if m is not None and not m.deleting and (m.ready or entry.get("commandId")):
                 st.followers[i] = asyncio.create_task(follow(ctx, st, ns, name, meta["uid"], i, spec.task),
                                                       name=f"corral-batch-{ns}-{name}-{i}")
-    phase = await _write(ctx, body, st)
+    async with st.lock:
+        phase = await _write(ctx, body, st)
     if phase in b.FINAL_BATCH_PHASES:
         await _after_finish(ctx, body, spec, st)
+
+
+async def flush(ctx: Context, ns: str, name: str) -> None:
+    """The status write the followers asked for (batchtasks.mark); the queue's reconcile does the rest (an ended
+    index's sandbox, the TTL)."""
+    st = ctx.batches.states.get((ns, name))
+    body = ctx.cache.batch(ns, name)
+    if st is None or body is None or st.indexes is None:
+        return
+    st.flush_at = None
+    try:
+        async with st.lock:
+            phase = await _write(ctx, body, st)
+    except Exception as exc:  # noqa: BLE001 - the queue's reconcile writes it instead (and retries with backoff)
+        log.warning("batch %s/%s: status write failed (%s); the reconcile retries", ns, name, exc)
+        phase = ""
+    if phase in b.FINAL_BATCH_PHASES or phase == "" or any(e["phase"] in b.INDEX_ENDED for e in st.indexes):
+        ctx.request("SandboxBatch", ns, name)
 
 
 def _load(entries: list[dict[str, Any]] | None, replicas: int) -> list[dict[str, Any]]:

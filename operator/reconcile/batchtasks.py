@@ -34,9 +34,25 @@ COALESCE = 0.05  # seconds between a task's end and the status write that carrie
 MAX_BACKOFF = 30.0
 
 
-def mark(ctx: Context, ns: str, batch: str) -> None:
-    """Ask for the batch's status to be written soon (one write for everything that changed meanwhile)."""
-    ctx.request_at("SandboxBatch", ns, batch, time.time() + COALESCE)
+def mark(ctx: Context, st: BatchState, ns: str, batch: str) -> None:
+    """Ask for the batch's status to be written COALESCE seconds from now, with everything that changed meanwhile.
+    The write goes out from here, not through the work queue: a pool refilling hundreds of sandboxes keeps the
+    queue's workers waiting on the API server, and a task's end must not wait for a free worker."""
+    if st.flush_at is not None:
+        return
+    st.flush_at = time.time() + COALESCE
+
+    def go() -> None:
+        from .batches import flush  # batches.py starts the followers: imported late
+
+        task = asyncio.ensure_future(flush(ctx, ns, batch))
+        _FLUSHES.add(task)
+        task.add_done_callback(_FLUSHES.discard)
+
+    asyncio.get_running_loop().call_later(COALESCE, go)
+
+
+_FLUSHES: set[asyncio.Task[None]] = set()  # running flushes (the loop keeps only weak references to tasks)
 
 
 class StartRefused(Exception):
@@ -95,7 +111,7 @@ async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: s
             if not entry.get("commandId"):
                 entry["commandId"] = await _start(ctx, url, token, task, index, adopt=index not in st.fresh)
                 entry["phase"] = b.RUNNING
-                mark(ctx, ns, batch)
+                mark(ctx, st, ns, batch)
             final = await _wait(ctx, url, token, entry["commandId"])
         except StartRefused as exc:
             _end(entry, v.FAILED, v.R_START_FAILED, str(exc), None)
@@ -113,7 +129,7 @@ async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: s
                                      timed_out=bool(final.get("timed_out")), interrupted=bool(final.get("interrupted")))
             _end(entry, outcome.phase, outcome.reason, outcome.message, outcome.exit_code)
         break
-    mark(ctx, ns, batch)
+    mark(ctx, st, ns, batch)
 
 
 def _end(entry: dict[str, Any], phase: str, reason: str, message: str, exit_code: int | None) -> None:
