@@ -222,7 +222,8 @@ async def test_operator_container_killed_during_a_50_claim_burst_converges(in_pr
         results = await asyncio.wait_for(asyncio.gather(*tasks), 600)
         deadline = time.monotonic() + 600
         final = [await wait_ready(client, r["name"], deadline) for r in results]
-        assert Counter(f["phase"] for f in final) == {"Ready": 50}, [f for f in final if f["phase"] != "Ready"]
+        assert Counter(f["phase"] for f in final) == {"Ready": 50}, \
+            [(f["name"], f["phase"], f.get("message")) for f in final if f["phase"] != "Ready"]
         listed = (await client.get("/v1/claims")).json()["items"]
         assert sorted(x["name"] for x in listed) == [f"k{i:02d}" for i in range(50)]
         sandboxes = [f["sandbox"]["name"] for f in final]
