@@ -180,58 +180,6 @@ def test_dns_disallowed_template_cannot_resolve(kind_cluster, dev_stack, client)
         kind_cluster.kubectl("-n", SBX_NS, "delete", "warmpool,sandboxtemplate", "python-nodns", check=False)
 
 
-def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster, dev_stack):
-    """Claims keep coming (as SandboxClaim objects, the way a Kubernetes-native client makes them) while the
-    operator pod is deleted: the Deployment brings it back, and every claim ends Bound to a sandbox of its own."""
-    names = [f"stream-{i}-{uuid.uuid4().hex[:4]}" for i in range(6)]
-
-    def create(name: str) -> None:
-        kind_cluster.kubectl("apply", "-f", "-", input=(
-            '{"apiVersion": "corral.dev/v1alpha1", "kind": "SandboxClaim", '
-            f'"metadata": {{"name": "{name}", "namespace": "{SBX_NS}"}}, '
-            '"spec": {"poolRef": {"kind": "WarmPool", "name": "python"}, "timeoutSeconds": 600}}'))
-
-    old = operator_pods(kind_cluster)[0]["metadata"]["name"]
-    stream = threading.Thread(target=lambda: [create(n) or time.sleep(1.0) for n in names])
-    stream.start()
-    time.sleep(2.5)
-    kind_cluster.kubectl("-n", OP_NS, "delete", "pod", old, "--wait=false")
-    stream.join()
-    try:
-        wait_until(lambda: [p for p in operator_pods(kind_cluster) if p["metadata"]["name"] != old and ready(p)],
-                   300, what="a new Ready operator pod")
-
-        def bound():
-            items = kind_cluster.json("-n", SBX_NS, "get", "sandboxclaims")["items"]
-            claims = {c["metadata"]["name"]: c for c in items if c["metadata"]["name"] in names}
-            phases = {n: (claims[n].get("status") or {}).get("phase") for n in names if n in claims}
-            return len(phases) == len(names) and all(p == "Bound" for p in phases.values()) and claims
-
-        claims = wait_until(bound, 600, what="every streamed claim Bound", interval=2,
-                            dump=lambda: kind_cluster.kubectl("-n", SBX_NS, "get", "sandboxclaims,sandboxes",
-                                                              check=False).stdout)
-        sandboxes = [claims[n]["status"]["sandbox"]["name"] for n in names]
-        assert len(set(sandboxes)) == len(names), f"a sandbox was bound twice: {sandboxes}"
-        owners = {}
-        for s in kind_cluster.json("-n", SBX_NS, "get", "sandboxes")["items"]:
-            claim = (s["metadata"].get("labels") or {}).get("corral.dev/claim")
-            if claim:
-                assert claim not in owners, f"claim {claim} holds two sandboxes"
-                owners[claim] = s["metadata"]["name"]
-        assert {n: owners.get(n) for n in names} == dict(zip(names, sandboxes, strict=True))
-    finally:
-        kind_cluster.kubectl("-n", SBX_NS, "delete", "sandboxclaims", *names, "--wait=false", check=False)
-
-
-KILL_EXECD = ("import os, signal\n"
-              "for pid in os.listdir('/proc'):\n"
-              "    try:\n"
-              "        if pid.isdigit() and open(f'/proc/{pid}/comm').read().strip() == 'execd':\n"
-              "            os.kill(int(pid), signal.SIGKILL); print('killed', pid)\n"
-              "    except OSError:\n"
-              "        pass\n")
-
-
 def kill_execd(cluster, pod: str) -> None:
     """SIGKILL to execd's supervisor and server inside the pod, as the sandbox's own uid (what hostile code can do)."""
     out = cluster.kubectl("-n", SBX_NS, "exec", pod, "--", "python3", "-c", KILL_EXECD, timeout=60).stdout
@@ -284,6 +232,58 @@ def test_a_killed_execd_fails_the_real_readiness_probe_and_is_never_handed_out(k
     finally:
         kind_cluster.kubectl("-n", SBX_NS, "patch", "warmpool", "python", "--type", "merge",
                              "-p", _json.dumps({"spec": {"readinessGraceSeconds": grace}}), check=False)
+
+
+def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster, dev_stack):
+    """Claims keep coming (as SandboxClaim objects, the way a Kubernetes-native client makes them) while the
+    operator pod is deleted: the Deployment brings it back, and every claim ends Bound to a sandbox of its own."""
+    names = [f"stream-{i}-{uuid.uuid4().hex[:4]}" for i in range(6)]
+
+    def create(name: str) -> None:
+        kind_cluster.kubectl("apply", "-f", "-", input=(
+            '{"apiVersion": "corral.dev/v1alpha1", "kind": "SandboxClaim", '
+            f'"metadata": {{"name": "{name}", "namespace": "{SBX_NS}"}}, '
+            '"spec": {"poolRef": {"kind": "WarmPool", "name": "python"}, "timeoutSeconds": 600}}'))
+
+    old = operator_pods(kind_cluster)[0]["metadata"]["name"]
+    stream = threading.Thread(target=lambda: [create(n) or time.sleep(1.0) for n in names])
+    stream.start()
+    time.sleep(2.5)
+    kind_cluster.kubectl("-n", OP_NS, "delete", "pod", old, "--wait=false")
+    stream.join()
+    try:
+        wait_until(lambda: [p for p in operator_pods(kind_cluster) if p["metadata"]["name"] != old and ready(p)],
+                   300, what="a new Ready operator pod")
+
+        def bound():
+            items = kind_cluster.json("-n", SBX_NS, "get", "sandboxclaims")["items"]
+            claims = {c["metadata"]["name"]: c for c in items if c["metadata"]["name"] in names}
+            phases = {n: (claims[n].get("status") or {}).get("phase") for n in names if n in claims}
+            return len(phases) == len(names) and all(p == "Bound" for p in phases.values()) and claims
+
+        claims = wait_until(bound, 600, what="every streamed claim Bound", interval=2,
+                            dump=lambda: kind_cluster.kubectl("-n", SBX_NS, "get", "sandboxclaims,sandboxes",
+                                                              check=False).stdout)
+        sandboxes = [claims[n]["status"]["sandbox"]["name"] for n in names]
+        assert len(set(sandboxes)) == len(names), f"a sandbox was bound twice: {sandboxes}"
+        owners = {}
+        for s in kind_cluster.json("-n", SBX_NS, "get", "sandboxes")["items"]:
+            claim = (s["metadata"].get("labels") or {}).get("corral.dev/claim")
+            if claim:
+                assert claim not in owners, f"claim {claim} holds two sandboxes"
+                owners[claim] = s["metadata"]["name"]
+        assert {n: owners.get(n) for n in names} == dict(zip(names, sandboxes, strict=True))
+    finally:
+        kind_cluster.kubectl("-n", SBX_NS, "delete", "sandboxclaims", *names, "--wait=false", check=False)
+
+
+KILL_EXECD = ("import os, signal\n"
+              "for pid in os.listdir('/proc'):\n"
+              "    try:\n"
+              "        if pid.isdigit() and open(f'/proc/{pid}/comm').read().strip() == 'execd':\n"
+              "            os.kill(int(pid), signal.SIGKILL); print('killed', pid)\n"
+              "    except OSError:\n"
+              "        pass\n")
 
 
 def test_destroy_leaves_nothing_behind(kind_cluster, dev_stack):
