@@ -90,7 +90,7 @@ def test_a_pod_from_before_per_claim_tokens_is_handed_over_from_its_old_token():
     loop = asyncio.new_event_loop()  # not asyncio.run: it unsets the current loop that later Pulumi-mocked tests use
     try:
         token = loop.run_until_complete(
-            hand_over(ctx, "ns", "sbx", "sbx-uid", "pod-uid", "http://10.0.0.1:44772", "claim-uid"))
+            hand_over(ctx, "ns", "sbx", "sbx-uid", "pod-uid", "http://127.0.0.1:44772", "claim-uid"))
     finally:
         loop.close()
     assert token == held["token"] == tokens.claim_token(SECRET, "ns", "sbx", "sbx-uid", "claim-uid")

@@ -65,7 +65,7 @@ def run_pod(fake: FakeKube, sandbox: str, ip: str, node: str = "n1") -> None:
 
 
 def put_member(fake: FakeKube, pool: dict[str, Any], bp_hash: str, name: str, *, ready: bool = True,
-               ip: str = "10.0.0.1", node: str = "n1", created: float | None = None) -> None:
+               ip: str = "127.0.0.1", node: str = "n1", created: float | None = None) -> None:
     """A pool member as the pool and sandbox reconcilers leave it: Ready (with a running pod) or still starting."""
     kind = pool["kind"]
     template = fake.objects[("SandboxTemplate", NS, TEMPLATE)]
@@ -113,8 +113,8 @@ async def test_two_claims_racing_for_one_warm_sandbox_the_loser_gets_409_and_ado
     wp = put_warmpool(fake, replicas=2)
     first, second = Operator(fake), Operator(fake)
     h = bp_hash_of(first)
-    put_member(fake, wp, h, "wp-old", ip="10.0.0.1", created=time.time() - 60)  # oldest: everyone's first choice
-    put_member(fake, wp, h, "wp-new", ip="10.0.0.2")
+    put_member(fake, wp, h, "wp-old", ip="127.0.0.1", created=time.time() - 60)  # oldest: everyone's first choice
+    put_member(fake, wp, h, "wp-new", ip="127.0.0.2")
     put_claim(fake, "c1")
     put_claim(fake, "c2")
     first.sync()
@@ -141,8 +141,8 @@ async def test_concurrent_claims_in_one_process_never_share_a_sandbox_and_the_re
     wp = put_warmpool(fake, replicas=2)
     op = Operator(fake)
     h = bp_hash_of(op)
-    put_member(fake, wp, h, "wp-a", ip="10.0.0.1")
-    put_member(fake, wp, h, "wp-b", ip="10.0.0.2")
+    put_member(fake, wp, h, "wp-a", ip="127.0.0.1")
+    put_member(fake, wp, h, "wp-b", ip="127.0.0.2")
     for i in range(3):
         put_claim(fake, f"c{i}")
     op.sync()
@@ -163,8 +163,8 @@ async def test_a_candidate_gone_since_the_cache_saw_it_is_skipped(meanwhile: str
     wp = put_warmpool(fake, replicas=2)
     op = Operator(fake)
     h = bp_hash_of(op)
-    put_member(fake, wp, h, "wp-a", ip="10.0.0.1", created=time.time() - 60)
-    put_member(fake, wp, h, "wp-b", ip="10.0.0.2")
+    put_member(fake, wp, h, "wp-a", ip="127.0.0.1", created=time.time() - 60)
+    put_member(fake, wp, h, "wp-b", ip="127.0.0.2")
     put_claim(fake, "c1")
     op.sync()
 
@@ -192,7 +192,7 @@ def _stream_setup(ready: int, replicas: int = 20) -> tuple[FakeKube, Operator]:
     op = Operator(fake, {"claim_quiet": 0.15, "max_refill_defer": 1.0})
     h = bp_hash_of(op)
     for i in range(replicas):  # the unready ones are still starting (well within their readiness grace)
-        put_member(fake, wp, h, f"wp-{i:02d}", ready=i < ready, ip=f"10.0.0.{i + 1}", node=f"n{i % 3}")
+        put_member(fake, wp, h, f"wp-{i:02d}", ready=i < ready, ip=f"127.0.0.{i + 1}", node=f"n{i % 3}")
     op.sync()
     return fake, op
 
@@ -250,8 +250,8 @@ async def test_a_bound_claim_keeps_its_sandbox_when_its_warmpool_is_deleted() ->
     wp = put_warmpool(fake, replicas=2)
     op = Operator(fake)
     h = bp_hash_of(op)
-    put_member(fake, wp, h, "wp-a", ip="10.0.0.1", created=time.time() - 60)
-    put_member(fake, wp, h, "wp-b", ip="10.0.0.2")
+    put_member(fake, wp, h, "wp-a", ip="127.0.0.1", created=time.time() - 60)
+    put_member(fake, wp, h, "wp-b", ip="127.0.0.2")
     put_claim(fake, "c1")
     op.sync()
     await reconcile_claim(op.ctx, NS, "c1")
@@ -322,7 +322,7 @@ async def test_a_pending_claim_waits_with_pool_not_found_and_binds_when_the_pool
     op.sync()
     await reconcile_sandbox(op.ctx, NS, sandbox)  # its pod
     assert [c.kind for c in fake.made("create")] == ["Sandbox", "Secret", "Pod"]
-    run_pod(fake, sandbox, "10.0.0.9")
+    run_pod(fake, sandbox, "127.0.0.9")
     op.sync()
     await reconcile_sandbox(op.ctx, NS, sandbox)  # Ready, with its endpoint
     op.sync()
@@ -330,7 +330,8 @@ async def test_a_pending_claim_waits_with_pool_not_found_and_binds_when_the_pool
 
     status = claim_status(fake, "c1")
     assert (status["phase"], status["launchType"]) == ("Bound", "Cold")
-    assert status["sandbox"] == {"name": sandbox, "podIPs": ["10.0.0.9"], "endpoint": f"10.0.0.9:{EXECD_DEFAULT_PORT}"}
+    assert status["sandbox"] == {"name": sandbox, "podIPs": ["127.0.0.9"],
+                                 "endpoint": f"127.0.0.9:{EXECD_DEFAULT_PORT}"}
 
 
 # ---- lost pods in a namespace being deleted ---------------------------------------------------------------------
@@ -343,7 +344,7 @@ def _lost_pods(n: int) -> tuple[FakeKube, Operator]:
     op = Operator(fake)
     h = bp_hash_of(op)
     for i in range(n):
-        put_member(fake, pool, h, f"p-{i}", ip=f"10.0.0.{i + 1}", created=time.time() - 60)
+        put_member(fake, pool, h, f"p-{i}", ip=f"127.0.0.{i + 1}", created=time.time() - 60)
         fake.remove("Pod", NS, f"p-{i}")
     op.sync()
     return fake, op
