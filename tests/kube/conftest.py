@@ -185,3 +185,16 @@ def pod_execd(tmp_path, kube):
     yield start
     for d in started:
         d.stop()
+
+
+@pytest.fixture
+def http(operator, api_ns):
+    """An HTTP client of the operator's claims API, with its token (`api_ns`: the test module's own namespace)."""
+    with httpx.Client(base_url=operator.api_url, headers={"Authorization": f"Bearer {operator.api_token}"},
+                      timeout=90) as client:
+        yield client
+
+
+@pytest.fixture
+def uid():
+    return uuid.uuid4().hex[:6]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -27,18 +26,6 @@ def api_ns(kube, operator):
     kube.create(Namespace(metadata=ObjectMeta(name=name)))
     yield name
     kube.delete(Namespace, name)
-
-
-@pytest.fixture
-def http(operator, api_ns):
-    with httpx.Client(base_url=operator.api_url, headers={"Authorization": f"Bearer {operator.api_token}"},
-                      timeout=90) as client:
-        yield client
-
-
-@pytest.fixture
-def uid():
-    return uuid.uuid4().hex[:6]
 
 
 def wait_ready_pool(kube, ns, name, n, timeout=60):

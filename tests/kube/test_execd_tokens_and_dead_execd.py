@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-import uuid
 
 import httpx
 import pytest
@@ -55,18 +54,6 @@ def api_ns(kube, operator):
     kube.create(Namespace(metadata=ObjectMeta(name=name)))
     yield name
     kube.delete(Namespace, name)
-
-
-@pytest.fixture
-def http(operator, api_ns):
-    with httpx.Client(base_url=operator.api_url, headers={"Authorization": f"Bearer {operator.api_token}"},
-                      timeout=90) as client:
-        yield client
-
-
-@pytest.fixture
-def uid():
-    return uuid.uuid4().hex[:6]
 
 
 def direct(execd, token: str, path: str = "/v1/env") -> int:
