@@ -316,10 +316,11 @@ class DockerStackArgs:
     templates: dict[str, dict[str, Any]]
     """Sandbox templates by name, each a SandboxTemplate spec in its Kubernetes form (camelCase keys)."""
     warm_pools: list[dict[str, Any]] = field(default_factory=list)
-    """Warm pools: each {name, template, replicas, update_strategy (OnReplenish or Recreate)}."""
+    """Warm pools: each {name, template, replicas, update_strategy (OnReplenish or Recreate),
+    readiness_grace_seconds}."""
     pools: list[dict[str, Any]] = field(default_factory=list)
     """Elastic pools: each {name, template, buffer_min, buffer_max, pool_min, pool_max, recycle_strategy
-    (Delete, Restart or Noop), max_unavailable}."""
+    (Delete, Restart or Noop), max_unavailable, readiness_grace_seconds}."""
     api_port: int = 7780
     """Port of the claims API on the host's 127.0.0.1."""
     host: str | None = None

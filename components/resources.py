@@ -135,6 +135,8 @@ class PoolArgs:
     """What happens to a released sandbox: Delete it, Restart its pod fresh, or Noop (back to the pool as is)."""
     max_unavailable: int = 1
     """Most sandboxes deleted at once on scale-down."""
+    readiness_grace_seconds: int = 300
+    """An idle sandbox unready for longer than this is replaced (10 to 86400)."""
     namespace: pulumi.Input[str] = "default"
     """Namespace of the pool (the template's)."""
     resource_name: str | None = None
@@ -160,6 +162,7 @@ class Pool(pulumi.ComponentResource):
             capacity=Capacity.model_validate(args.capacity),
             recycle_strategy=args.recycle_strategy,
             max_unavailable=args.max_unavailable,
+            readiness_grace_seconds=args.readiness_grace_seconds,
         ).to_k8s()
         _register(self, f"{name}-pool", "Pool", args.resource_name or name, args.namespace, args.labels,
                   _with_template(spec, args.template))

@@ -205,10 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["install"] and len(args) in (2, 3):
         return install(*args[1:])
+    usage = ("usage: python -m corral.execd                       serve (configured by CORRAL_EXECD_* env: "
+             "see corral.execd.settings)\n"
+             "       python -m corral.execd install DEST [TOKEN_FILE]  copy the daemon into DEST (an init container's job)")
+    if args[:1] in (["-h"], ["--help"]):
+        print(usage)
+        return 0
     if args:
-        print("usage: execd            (serve; configured by CORRAL_EXECD_* env)\n"
-              "       execd install DEST [TOKEN_FILE]",
-              file=sys.stderr)
+        print(f"corral-execd: unknown arguments {' '.join(args)!r}\n{usage}", file=sys.stderr)
         return 2
     token = take_token()
     if not token:

@@ -199,6 +199,8 @@ class PoolArgs(TypedDict):
     """What happens to a released sandbox: Delete it, Restart its pod fresh, or Noop (back to the pool as is)."""
     max_unavailable: NotRequired[int]
     """Most sandboxes deleted at once on scale-down."""
+    readiness_grace_seconds: NotRequired[int]
+    """An idle sandbox unready for longer than this is replaced (10 to 86400)."""
     namespace: NotRequired[pulumi.Input[str]]
     """Namespace of the pool (the template's)."""
     resource_name: NotRequired[str | None]
@@ -256,6 +258,8 @@ class DockerPool(TypedDict):
     """Delete, Restart or Noop: what happens to a released sandbox."""
     max_unavailable: NotRequired[int]
     """Most sandboxes deleted at once on scale-down."""
+    readiness_grace_seconds: NotRequired[int]
+    """An idle sandbox unready for longer than this is replaced (10 to 86400; default 300, as a Pool's)."""
 
 
 class DockerStackArgs(TypedDict):
@@ -267,10 +271,11 @@ class DockerStackArgs(TypedDict):
     templates: dict[str, dict[str, Any]]
     """Sandbox templates by name, each a SandboxTemplate spec in its Kubernetes form (camelCase keys)."""
     warm_pools: NotRequired[list[DockerWarmPool]]
-    """Warm pools: each {name, template, replicas, update_strategy (OnReplenish or Recreate)}."""
+    """Warm pools: each {name, template, replicas, update_strategy (OnReplenish or Recreate),
+    readiness_grace_seconds}."""
     pools: NotRequired[list[DockerPool]]
     """Elastic pools: each {name, template, buffer_min, buffer_max, pool_min, pool_max, recycle_strategy
-    (Delete, Restart or Noop), max_unavailable}."""
+    (Delete, Restart or Noop), max_unavailable, readiness_grace_seconds}."""
     api_port: NotRequired[int]
     """Port of the claims API on the host's 127.0.0.1."""
     host: NotRequired[str | None]

@@ -52,7 +52,7 @@ from ..kube import RESOURCES, status_code
 from ..planning import Member, pool_desired
 from ..reconcile.handover import ExecdUnreachable, hand_over
 from .backend import BackendError, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
-from .models import Claim, ClaimRequest, PoolStatus, RetainedSandbox, SandboxRef, Snapshot, SnapshotRequest
+from corral.api.wire import Claim, ClaimRequest, PoolStatus, RetainedSandbox, SandboxRef, Snapshot, SnapshotRequest
 
 log = logging.getLogger("corral.operator.claimsapi")
 

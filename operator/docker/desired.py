@@ -84,11 +84,12 @@ def warm_pool(name: str, template: str, replicas: int,
 def pool(name: str, template: str, buffer_min: int | None = None, buffer_max: int | None = None,
          pool_min: int | None = None, pool_max: int | None = None,
          recycle_strategy: Literal["Delete", "Restart", "Noop"] | None = None,
-         max_unavailable: int | None = None) -> Pool:
+         max_unavailable: int | None = None, readiness_grace_seconds: int | None = None) -> Pool:
     """A Pool of the pools file from the DockerStack's flat arguments; what is not given takes the resource model's
     default (a Pool's bufferMin is 0 unless set)."""
     return Pool.model_validate({"metadata": {"name": name}, "spec": {
-        "templateRef": {"name": template}, **_given(recycleStrategy=recycle_strategy, maxUnavailable=max_unavailable),
+        "templateRef": {"name": template}, **_given(recycleStrategy=recycle_strategy, maxUnavailable=max_unavailable,
+                                                           readinessGraceSeconds=readiness_grace_seconds),
         "capacity": _given(bufferMin=buffer_min, bufferMax=buffer_max, poolMin=pool_min, poolMax=pool_max)}})
 
 

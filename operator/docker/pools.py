@@ -14,7 +14,7 @@ import httpx
 
 from corral.api import Pool, WarmPool
 from corral.execd import wire
-from corral.operator.claimsapi.models import PoolStatus
+from corral.api.wire import PoolStatus
 from corral.operator.core import lifecycle, metrics
 from corral.operator.planning import SlowStart, plan_pool, plan_warm_pool, pool_desired
 

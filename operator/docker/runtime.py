@@ -33,7 +33,7 @@ from corral.operator.claimsapi import (
     SnapshotRequest,
     Unavailable,
 )
-from corral.operator.claimsapi.models import SandboxRef
+from corral.api.wire import SandboxRef
 from corral.operator.core import lifecycle, metrics
 from corral.operator.core import vocabulary as vocab
 from corral.operator.core.admission import Refusal, admit_claim

@@ -61,7 +61,7 @@ def test_template_spec_is_the_validated_catalogue_spec():
 
 @pulumi.runtime.test
 def test_pool_takes_a_template_name_and_capacity():
-    pool = Pool("elastic", PoolArgs(template="existing-template", recycle_strategy="Restart",
+    pool = Pool("elastic", PoolArgs(template="existing-template", recycle_strategy="Restart", readiness_grace_seconds=45,
                                     capacity=Capacity(buffer_min=2, buffer_max=4, pool_min=1, pool_max=9)))
 
     def verify(urn):
@@ -69,6 +69,7 @@ def test_pool_takes_a_template_name_and_capacity():
         assert cr.inputs["spec"]["templateRef"] == {"name": "existing-template"}
         assert cr.inputs["spec"]["capacity"] == {"bufferMin": 2, "bufferMax": 4, "poolMin": 1, "poolMax": 9}
         assert cr.inputs["spec"]["recycleStrategy"] == "Restart"
+        assert cr.inputs["spec"]["readinessGraceSeconds"] == 45
         assert "corral:index:Pool$kubernetes:corral.dev/v1alpha1:Pool::elastic-pool" in urn
         assert not mocks.of_type("kubernetes:corral.dev/v1alpha1:SandboxTemplate")
 

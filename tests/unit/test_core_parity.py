@@ -133,6 +133,11 @@ def test_readiness_grace_is_the_pools_in_both_runtimes(grace, age, replaced):
     assert [m.name for m in kplan.delete] == [m.name for m in plan.delete]
 
 
+def test_a_docker_pool_takes_readiness_grace_as_a_pool_does():
+    assert df.pool("p", "shell").spec.readiness_grace_seconds == 300  # the model's default
+    assert df.pool("p", "shell", readiness_grace_seconds=45).spec.readiness_grace_seconds == 45
+
+
 # --- slow start with the batch cap ----------------------------------------------------------------------------------
 async def _kube_batches(n: int, cap: int) -> list[int]:
     sizes: list[int] = []
