@@ -12,7 +12,7 @@ from starlette.responses import Response, StreamingResponse
 from . import processes, wire
 from .endpoints import Router, new_id
 from .errors import ExecdError
-from .inputs import MAX_TIMEOUT_SECONDS, EnvMap, Text, UserSpec
+from .inputs import MAX_TIMEOUT_SECONDS, CommandKey, EnvMap, Text, UserSpec
 from .runner import Command, Event
 from .state import State, get_state
 
@@ -30,6 +30,10 @@ class CommandRequest(BaseModel):
                                   description="Seconds; on expiry the whole process tree is SIGKILLed.")
     user: UserSpec | None = Field(None, description="User name or numeric uid to run as (execd must be root).")
     background: bool = Field(False, description="POST /v1/command only: answer 202 at once; use status/logs/DELETE.")
+    key: CommandKey | None = Field(None, description=(
+        "Background commands only: the caller's name for this command. While execd holds a command with the same "
+        "key (running, or finished and retained), the POST starts nothing and answers 200 with that command's "
+        "status: a caller that died between its request and recording the id asks again without running it twice."))
 
     @model_validator(mode="after")
     def _one_of(self) -> CommandRequest:
@@ -64,6 +68,7 @@ class CommandStatus(BaseModel):
     started_at: float = Field(description="Unix time.")
     finished_at: float | None
     duration_ms: float
+    key: str | None = Field(None, description="The key it was started with (POST /v1/command), if any.")
 
 
 class CommandList(BaseModel):
@@ -117,7 +122,7 @@ def _status(cmd: Command) -> CommandStatus:
     return CommandStatus(
         id=cmd.id, pid=cmd.pid, mode=cmd.mode, running=cmd.running, exit_code=cmd.exit_code, signal=cmd.signal,  # type: ignore[arg-type]
         timed_out=cmd.timed_out, interrupted=cmd.interrupted, started_at=cmd.started, finished_at=cmd.finished,
-        duration_ms=cmd.duration_ms,
+        duration_ms=cmd.duration_ms, key=cmd.key,
     )
 
 
@@ -140,6 +145,7 @@ def _start(state: State, body: CommandRequest, mode: str) -> Command:
         id=new_id(), mode=mode, proc=proc, timeout=body.timeout, max_output=s.max_output_bytes,
         log_bytes=s.log_buffer_bytes, metrics=state.metrics,
     )
+    cmd.key = body.key if mode == "background" else None
     state.commands[cmd.id] = cmd
     if mode == "background":
         cmd.retention = state.retention
@@ -169,10 +175,14 @@ async def run_command(request: Request, body: CommandRequest) -> CommandResult |
 
     A command that exits non-zero, times out or is interrupted is still a 200: look at `exit_code`, `timed_out`,
     `interrupted`. If the client disconnects first, the command's whole process tree is killed. With
-    `background: true` the answer is 202 with the command's status; follow it with GET /v1/command/{id}[/logs].
+    `background: true` the answer is 202 with the command's status; follow it with GET /v1/command/{id}[/logs]
+    (or /wait); 200 with the status of the command already started with the same `key`.
     """
     state = get_state(request)
     if body.background:
+        same = body.key and next((c for c in state.commands.values() if c.key == body.key), None)
+        if same:
+            return Response(_status(same).model_dump_json(), status_code=200, media_type="application/json")
         cmd = _start(state, body, "background")
         asyncio.get_running_loop().create_task(cmd.run()).add_done_callback(lambda _: _forget_finished(state))
         return Response(_status(cmd).model_dump_json(), status_code=202, media_type="application/json")

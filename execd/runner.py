@@ -38,6 +38,7 @@ class Command:
     signal: str | None = None
     timed_out: bool = False
     interrupted: bool = False
+    key: str | None = None  # the caller's key (background commands: POST /v1/command answers a second start with it)
     # run mode
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)

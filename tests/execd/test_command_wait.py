@@ -77,3 +77,26 @@ def test_unknown_command_and_bad_keepalive(client):
     assert r.status_code == 404 and set(r.json()) == {"code", "message"}
     cid = start(client, command="true")
     assert client.get(f"/v1/command/{cid}/wait", params={"keepalive": 0}).status_code == 400
+
+
+def test_a_second_start_with_the_same_key_answers_the_first_command_and_runs_nothing(client, ws_dir):
+    """How the operator starts a batch's task: keyed by batch, index and sandbox, so an operator that died between
+    its POST and writing the id down asks again and gets the same command (running or ended), not a second run."""
+    body = {"command": 'echo run >> keyed.txt; sleep 0.5', "cwd": str(ws_dir), "background": True,
+            "key": "batch-uid/3/sandbox-uid"}
+    first = client.post("/v1/command", json=body)
+    assert first.status_code == 202 and first.json()["key"] == body["key"]
+    again = client.post("/v1/command", json=body)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"] and again.json()["running"]
+    with client.stream("GET", f"/v1/command/{first.json()['id']}/wait") as r:
+        assert read(r)[-1][0] == "exit"
+    ended = client.post("/v1/command", json=body)  # ended, still retained: still that command
+    assert ended.status_code == 200 and ended.json()["id"] == first.json()["id"] and ended.json()["exit_code"] == 0
+    other = client.post("/v1/command", json={**body, "key": "batch-uid/4/sandbox-uid"})
+    assert other.status_code == 202 and other.json()["id"] != first.json()["id"]
+    unkeyed = client.post("/v1/command", json={"command": "true", "background": True})
+    assert unkeyed.status_code == 202 and unkeyed.json()["key"] is None
+    with client.stream("GET", f"/v1/command/{other.json()['id']}/wait") as r:
+        read(r)
+    assert (ws_dir / "keyed.txt").read_text().split() == ["run", "run"]  # keys 3 and 4, once each
+    assert client.post("/v1/command", json={**body, "key": ""}).status_code == 400
