@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
-from pydantic.json_schema import JsonDict
+from pydantic.json_schema import JsonDict, SkipJsonSchema
 
 from .batch import BATCH_INDEX_ENV, MAX_ARGV, MAX_COMMAND
 from .common import (
@@ -211,10 +211,14 @@ BatchPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Finished"]
 class BatchTaskRequest(_M):
     """What every replica runs: `argv` (no shell) or `command` (a `/bin/sh -c` line), exactly one."""
 
-    argv: list[Annotated[str, Field(max_length=MAX_ENV_VALUE, pattern=NO_NUL)]] | None = Field(
-        default=None, min_length=1, max_length=MAX_ARGV, description="Program and arguments, run without a shell.")
-    command: str | None = Field(default=None, min_length=1, max_length=MAX_COMMAND, pattern=NO_NUL,
-                                description="Shell command line (/bin/sh -c).")
+    # exactly one of argv and command, in the document too (neither may be null: absent is how one is left out)
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["argv"]}, {"required": ["command"]}]})
+
+    argv: Annotated[list[Annotated[str, Field(max_length=MAX_ENV_VALUE, pattern=NO_NUL)]],
+                    Field(min_length=1, max_length=MAX_ARGV)] | SkipJsonSchema[None] = Field(
+        default=None, description="Program and arguments, run without a shell.")
+    command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND, pattern=NO_NUL)] | SkipJsonSchema[None] = \
+        Field(default=None, description="Shell command line (/bin/sh -c).")
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV_VARS,
                                 description=f"Env of the task, beside the sandbox's; {BATCH_INDEX_ENV} is set to the "
                                 "replica's index and may not be given. Names and values as a claim's env.",
@@ -227,6 +231,13 @@ class BatchTaskRequest(_M):
                                                     "then fails with reason TaskTimeout.")
 
     _timeout = field_validator("timeout_seconds", mode="before")(whole_number)
+
+    @field_validator("argv", "command", mode="before")
+    @classmethod
+    def _not_null(cls, value: object) -> object:
+        if value is None:
+            raise ValueError("leave it out instead of null")
+        return value
 
     @field_validator("env")
     @classmethod

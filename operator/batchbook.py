@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core import metrics
+from .core.outputs import OutputStore
 
 Key = tuple[str, str]  # (namespace, batch)
 PoolKey = tuple[str, str, str]  # (pool kind, namespace, pool)
@@ -50,6 +51,8 @@ class BatchState:
 class BatchBook:
     states: dict[Key, BatchState] = field(default_factory=dict)
     waiting: dict[PoolKey, set[str]] = field(default_factory=dict)
+    # the tails of ended tasks' outputs, read as each ended (before its sandbox goes): the claims API's results
+    outputs: OutputStore = field(default_factory=OutputStore)
 
     def state(self, ns: str, name: str) -> BatchState:
         return self.states.setdefault((ns, name), BatchState())

@@ -262,6 +262,7 @@ async def on_batch(event: kopf.RawEvent, namespace: str | None, name: str, body:
     metrics.EVENTS.labels(kind="SandboxBatch").inc()
     context = _bind(kwargs)
     context.request("SandboxBatch", namespace, name)
+    claims_api.batch_event(namespace, name)  # wake API streams following this batch
     if event.get("type") == "DELETED":
         ref = (body.get("spec") or {}).get("poolRef") or {}
         if ref.get("kind") == "Pool":  # its sandboxes go back to the pool

@@ -12,6 +12,11 @@
     DELETE /v1/retained/{name}                delete one (204; 404 for any sandbox that is not retained)
     GET    /v1/snapshots                      snapshot images (Kubernetes: 400 not_supported, as every snapshot route)
     DELETE /v1/snapshots/{ref}                remove one by reference or image ID (204; 409 while a sandbox uses it)
+    POST   /v1/batches                        a batch: N sandboxes of a pool, one task in each (201, at once)
+    GET    /v1/batches[?pool=]                list (results without output)
+    GET    /v1/batches/{name}                 get, one result per index with the tail of each ended task's output
+    GET    /v1/batches/{name}/events          NDJSON: a line per ended task as it ends, progress, end (events.py)
+    DELETE /v1/batches/{name}                 delete it, its running tasks and sandboxes (204)
     ANY    /v1/claims/{name}/execd/{path}     proxied to the sandbox's execd (its token added; yours removed);
                                               WebSockets too (execd's PTY), same path
     GET    /v1/health, /metrics               no token
@@ -42,11 +47,16 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.api.common import DNS_SUBDOMAIN
+from corral.api.common import DNS_LABEL, DNS_SUBDOMAIN
 from corral.api.wire import (
     API_HEALTH_PATH,
+    BATCH_NAME_MAX,
     IMAGE_REF,
     NAME_MAX,
+    Batch,
+    BatchEvent,
+    BatchList,
+    BatchRequest,
     Claim,
     ClaimList,
     ClaimRequest,
@@ -62,6 +72,7 @@ from corral.execd.wire import TOKEN_HEADER
 from corral.execd.wsrelay import relay
 
 from .backend import BackendError, ClaimsBackend
+from .events import ndjson
 
 log = logging.getLogger("corral.operator.claimsapi")
 
@@ -85,6 +96,12 @@ ClaimName = Annotated[str, Path(min_length=1, max_length=NAME_MAX, pattern=DNS_S
 PoolName = Annotated[str | None, Query(min_length=1, max_length=NAME_MAX, pattern=DNS_SUBDOMAIN)]
 ProxiedPath = Annotated[str, Path(max_length=4096, pattern=NO_CONTROL)]
 SandboxName = ClaimName
+BatchName = Annotated[str, Path(min_length=1, max_length=BATCH_NAME_MAX, pattern=DNS_LABEL)]
+NDJSON = "application/x-ndjson"
+
+
+class NDJSONResponse(StreamingResponse):
+    media_type = NDJSON
 SnapshotRef = Annotated[str, Path(min_length=1, max_length=512, pattern=IMAGE_REF,
                                   description="The snapshot's image reference (as listed) or image ID.")]
 
@@ -236,6 +253,20 @@ def openapi_with_security(app: FastAPI) -> dict[str, Any]:
         doc.setdefault("components", {})["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer", "description": "The API token (CORRAL_API_TOKEN)."}}
         doc["security"] = [{"bearer": []}]
+        # The events stream's line (no response_model: a stream of them, NDJSON), with what it refers to
+        line = BatchEvent.model_json_schema(by_alias=True, mode="serialization",
+                                            ref_template="#/components/schemas/{model}")
+        schemas = doc["components"].setdefault("schemas", {})
+        for model, schema in line.pop("$defs", {}).items():
+            schemas.setdefault(model, schema)
+        schemas["BatchEvent"] = line
+        # FastAPI documents every answer of a route with its response class's media type (and a string schema of
+        # its own for a stream): the events route's errors are JSON, its 200 is NDJSON lines of BatchEvent
+        for status, answer in doc["paths"].get("/v1/batches/{name}/events", {}).get("get", {}).get("responses",
+                                                                                              {}).items():
+            ref = "BatchEvent" if status == "200" else "Error"
+            answer["content"] = {NDJSON if status == "200" else "application/json": {
+                "schema": {"$ref": f"#/components/schemas/{ref}"}}}
         app.openapi_schema = doc
     return app.openapi_schema
 
@@ -371,6 +402,37 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
     async def delete_snapshot(ref: SnapshotRef) -> Response:
         await optional("delete_snapshot")(ref)
         return Response(status_code=204)
+
+    @app.post("/v1/batches", response_model=Batch, status_code=201, responses={501: {"model": Error}})
+    async def create_batch(req: BatchRequest) -> Batch:
+        return await optional("create_batch")(req)
+
+    @app.get("/v1/batches", response_model=BatchList, responses={501: {"model": Error}})
+    async def list_batches(pool: PoolName = None) -> BatchList:
+        return BatchList(items=await optional("list_batches")(pool))
+
+    @app.get("/v1/batches/{name}", response_model=Batch, responses={501: {"model": Error}})
+    async def get_batch(name: BatchName) -> Batch:
+        return await optional("get_batch")(name)
+
+    @app.delete("/v1/batches/{name}", status_code=204, responses={501: {"model": Error}})
+    async def delete_batch(name: BatchName) -> Response:
+        await optional("delete_batch")(name)
+        return Response(status_code=204)
+
+    @app.get("/v1/batches/{name}/events", response_class=NDJSONResponse, responses={
+        200: {"description": "One BatchEvent (JSON) per line: `task` as each index ends (those ended before the "
+                             "stream opened first), `progress` as the counts change, `end` once the batch is "
+                             "finished; then the response ends.",
+              "content": {NDJSON: {"schema": {"$ref": "#/components/schemas/BatchEvent"}}}},
+        501: {"model": Error}})
+    async def batch_events(name: BatchName) -> NDJSONResponse:
+        states = optional("watch_batch")(name)
+        try:
+            first = await anext(states)  # NotFound here is a 404, before any line
+        except StopAsyncIteration:
+            raise BackendError(f"batch {name} could not be read", code="unavailable", status=503) from None
+        return NDJSONResponse(ndjson(first, states), headers={"cache-control": "no-store", "x-accel-buffering": "no"})
 
     @app.api_route("/v1/claims/{name}/execd/{path:path}", include_in_schema=False,
                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])

@@ -19,6 +19,11 @@ operator must watch that namespace (it watches all by default).
                 empty list that suggests snapshots exist elsewhere in this mode).
     retained -> Sandboxes kept after their claim ended (builders.is_retained: marked by the operator's Retain path),
                 from the index; delete removes one such Sandbox (its pod and PVCs go with it), nothing else.
+    batches  -> SandboxBatch objects (create, get and list from the index, delete); `watch_batch` is woken by the
+                operator's SandboxBatch watch events. An ended index's output tail is the one the operator read when
+                the task ended (reconcile/batchtasks.py, kept in context.batches.outputs: the end releases the
+                sandbox); one not kept (the operator restarted, a Retain sandbox) is read from the sandbox's execd
+                if it is still there, OUTPUT_READS at a time.
     execd    -> the bound sandbox's pod IP, its execd port and the claim's own token (put into execd on first use:
                 reconcile/handover.py; derived, see corral.operator.tokens).
 
@@ -34,30 +39,47 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from lightkube import ApiError
 
 from corral.api import PoolSpec, WarmPoolSpec
+from corral.api.wire import (
+    Batch,
+    BatchPhase,
+    BatchRequest,
+    BatchTaskResult,
+    Claim,
+    ClaimRequest,
+    PoolStatus,
+    RetainedSandbox,
+    SandboxRef,
+    Snapshot,
+    SnapshotRequest,
+)
 from corral.execd import wire
 
 from ..builders import is_retained
 from ..cache import member_of
 from ..constants import A_RETAINED_AT, A_RETAINED_FROM, A_RETAINED_POOL, API_VERSION, L_POOL, L_TEMPLATE
+from ..core import batches as batchrules
 from ..core import lifecycle as deadlines
 from ..core import vocabulary as vocab
+from ..core.outputs import Tail
 from ..kube import RESOURCES, status_code
 from ..planning import Member, pool_desired
+from ..reconcile.batchtasks import output_tail
 from ..reconcile.handover import ExecdUnreachable, hand_over
 from .backend import BackendError, Conflict, ExecdTarget, Invalid, NotFound, Unavailable
-from corral.api.wire import Claim, ClaimRequest, PoolStatus, RetainedSandbox, SandboxRef, Snapshot, SnapshotRequest
 
 log = logging.getLogger("corral.operator.claimsapi")
 
 CLAIM_TIMEOUT_MIN = 300     # a claim's own timeoutSeconds (the CR's): at least this, whatever the request waits
-DELETE_GRACE = 30.0         # how long DELETE waits for the claim to disappear
+DELETE_GRACE = 30.0         # how long DELETE waits for the claim (or batch) to disappear
+OUTPUT_READS = 8            # output tails read from execd at a time (only those not kept when their task ended)
+WATCH_CHECK = 30.0          # a batch's watcher re-checks this replica's leadership this often while nothing happens
 CREATED_BY = {"app.kubernetes.io/created-by": "corral-api"}
 USER_ERRORS = vocab.USER_ERRORS  # a Failed claim with one of these reasons answers 400, others 503
 NOT_SUPPORTED = {
@@ -155,26 +177,31 @@ class KubeBackend:
 
     def __init__(self, context: Any, namespace: str) -> None:
         self.ctx, self.ns = context, namespace
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._waiters: dict[tuple[str, str], set[asyncio.Event]] = {}
+        self._reads = asyncio.Semaphore(OUTPUT_READS)
 
     # --- events (called by the operator's claim handler) -------------------------------------------------------------
-    def claim_event(self, namespace: str, name: str) -> None:
+    def claim_event(self, namespace: str, name: str, kind: str = "SandboxClaim") -> None:
         if namespace == self.ns:
-            for ev in self._waiters.get(name, ()):
+            for ev in self._waiters.get((kind, name), ()):
                 ev.set()
 
+    def batch_event(self, namespace: str, name: str) -> None:
+        self.claim_event(namespace, name, "SandboxBatch")
+
     @contextlib.contextmanager
-    def _subscribe(self, name: str) -> Iterator[asyncio.Event]:
+    def _subscribe(self, name: str, kind: str = "SandboxClaim") -> Iterator[asyncio.Event]:
         ev = asyncio.Event()
-        self._waiters.setdefault(name, set()).add(ev)
+        key = (kind, name)
+        self._waiters.setdefault(key, set()).add(ev)
         try:
             yield ev
         finally:
-            waiters = self._waiters.get(name)
+            waiters = self._waiters.get(key)
             if waiters is not None:
                 waiters.discard(ev)
                 if not waiters:
-                    del self._waiters[name]
+                    del self._waiters[key]
 
     # --- reads: the indices, or one direct read before they are complete ------------------------------------------
     def _ready(self) -> bool:
@@ -474,3 +501,184 @@ class KubeBackend:
     @active_replica
     async def delete_snapshot(self, ref: str) -> None:
         raise NotSupported(NOT_SUPPORTED["snapshot"])
+
+    # --- batches -----------------------------------------------------------------------------------------------------
+    async def _batch(self, name: str) -> dict[str, Any]:
+        body = await self._get("SandboxBatch", name)
+        if body is None:
+            raise NotFound(f"no batch named {name!r} in namespace {self.ns}")
+        return body
+
+    def _batch_manifest(self, name: str, kind: str, req: BatchRequest) -> dict[str, Any]:
+        t = req.task
+        task: dict[str, Any] = {"argv": list(t.argv)} if t.argv is not None else {"command": t.command}
+        if t.env:
+            task["env"] = [{"name": k, "value": v} for k, v in t.env.items()]
+        if t.working_dir:
+            task["workingDir"] = t.working_dir
+        if t.timeout_seconds:
+            task["timeoutSeconds"] = t.timeout_seconds
+        lifecycle: dict[str, Any] = {"shutdownPolicy": req.shutdown_policy}
+        if req.ttl_seconds_after_finished is not None:
+            lifecycle["ttlSecondsAfterFinished"] = req.ttl_seconds_after_finished
+        return {"apiVersion": API_VERSION, "kind": "SandboxBatch",
+                "metadata": {"name": name, "namespace": self.ns, "labels": dict(CREATED_BY)},
+                "spec": {"poolRef": {"kind": kind, "name": req.pool}, "replicas": req.replicas, "task": task,
+                         "lifecycle": lifecycle}}
+
+    def to_batch(self, body: dict[str, Any], outputs: dict[int, Tail] | None = None) -> Batch:
+        """The API's view of a SandboxBatch; `outputs` by index for the ended ones (None: results without)."""
+        meta, spec, st = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+        ref, lifecycle = spec.get("poolRef") or {}, spec.get("lifecycle") or {}
+        replicas = int(spec.get("replicas") or st.get("replicas") or 0)
+        entries = {int(e.get("index", -1)): e for e in st.get("indexes") or []}
+        results = []
+        for i in range(replicas):
+            e = entries.get(i) or {}
+            tail = (outputs or {}).get(i)
+            results.append(BatchTaskResult(
+                index=i, sandbox=e.get("sandbox"), launch_type=vocab.api_launch_type(e.get("launchType")),
+                phase=e["phase"] if e.get("phase") in batchrules.INDEX_PHASES else "Pending",
+                exit_code=e.get("exitCode"), reason=e.get("reason"), message=e.get("message"),
+                output=tail.text if tail else None, output_truncated=bool(tail and tail.truncated)))
+        phase: BatchPhase = st["phase"] if st.get("phase") in batchrules.BATCH_PHASES else "Pending"
+        failed, ready = _condition(st, "Failed"), _condition(st, "Ready")
+        message = (failed.get("message") if failed.get("status") == "True" else None) or \
+            (ready.get("message") if ready.get("status") == "False" else None)
+        return Batch(
+            name=meta["name"], pool=ref.get("name", ""), pool_kind=ref.get("kind", "WarmPool"), phase=phase,
+            replicas=replicas, bound=int(st.get("bound") or 0), running=int(st.get("running") or 0),
+            succeeded=int(st.get("succeeded") or 0), failed=int(st.get("failed") or 0),
+            created=_ts(meta.get("creationTimestamp")) or datetime.now(UTC), started_at=_ts(st.get("startTime")),
+            finished_at=_ts(st.get("completionTime")),
+            shutdown_policy="Retain" if lifecycle.get("shutdownPolicy") == "Retain" else "Delete",
+            message=message or None, results=results)
+
+    async def _outputs(self, body: dict[str, Any]) -> dict[int, Tail]:
+        """The output tails of the batch's ended indexes: kept by the operator when each ended, else read from the
+        sandbox's execd while it is still there (bounded: OUTPUT_READS at a time; kept once read)."""
+        uid, name = body["metadata"]["uid"], body["metadata"]["name"]
+        store = self.ctx.batches.outputs
+        found: dict[int, Tail] = {}
+        missing = []
+        for e in (body.get("status") or {}).get("indexes") or []:
+            if e.get("phase") not in batchrules.INDEX_ENDED:
+                continue
+            index = int(e.get("index", -1))
+            if (tail := store.get(uid, index)) is not None:
+                found[index] = tail
+            elif e.get("sandbox") and e.get("commandId"):
+                missing.append((index, e["sandbox"], e["commandId"]))
+
+        async def read(index: int, sandbox: str, command_id: str) -> None:
+            target = await self._sandbox_target(sandbox, uid, f"batch {name}")
+            if target is None:
+                return
+            async with self._reads:
+                tail = await output_tail(self.ctx, target.url, target.token, command_id)
+            if tail is not None:
+                store.put(uid, index, tail)
+                found[index] = tail
+
+        if missing and self._ready():
+            await asyncio.gather(*(read(*m) for m in missing))
+        return found
+
+    async def _sandbox_target(self, sandbox: str, owner_uid: str, what: str) -> ExecdTarget | None:
+        """Where a batch sandbox's execd answers, with the batch's token; None if it is gone or not ready."""
+        body = self.ctx.cache.sandbox(self.ns, sandbox)
+        pod = self.ctx.cache.pod(self.ns, sandbox)
+        if body is None or pod is None or not pod.ready or not pod.pod_ips:
+            return None
+        m = member_of(body)
+        if m.deleting or not m.ready:
+            return None
+        port = int(((body.get("spec") or {}).get("execd") or {}).get("port", wire.PORT))
+        ip = pod.pod_ips[0]
+        url = f"http://{f'[{ip}]' if ':' in ip else ip}:{port}"
+        try:
+            token = await hand_over(self.ctx, self.ns, sandbox, m.uid, pod.uid, url, owner_uid)
+        except ExecdUnreachable as exc:
+            log.info("%s: sandbox %s: %s", what, sandbox, exc)
+            return None
+        return ExecdTarget(url=url, token=token)
+
+    @active_replica
+    async def create_batch(self, req: BatchRequest) -> Batch:
+        kind = await self._pool_kind(req.pool)
+        name = req.name or f"batch-{secrets.token_hex(5)}"
+        try:
+            created = await self.ctx.kube.create(self._batch_manifest(name, kind, req))
+        except ApiError as exc:
+            if status_code(exc) != 409:
+                raise _api_error(exc, f"creating batch {name}") from None
+            created = await self._batch(name)  # an idempotent retry: the batch that exists
+            ref = (created.get("spec") or {}).get("poolRef") or {}
+            if ref.get("name") != req.pool:
+                raise Conflict(f"batch {name} exists for {ref.get('kind')} {ref.get('name')!r}, "
+                               f"not {req.pool!r}") from None
+        return self.to_batch(created)
+
+    @active_replica
+    async def get_batch(self, name: str) -> Batch:
+        body = await self._batch(name)
+        return self.to_batch(body, await self._outputs(body))
+
+    @active_replica
+    async def list_batches(self, pool: str | None = None) -> list[Batch]:
+        bodies = await self._list("SandboxBatch")
+        if pool is not None:
+            bodies = [b for b in bodies if ((b.get("spec") or {}).get("poolRef") or {}).get("name") == pool]
+        return sorted((self.to_batch(b) for b in bodies), key=lambda b: (b.created, b.name))
+
+    @active_replica
+    async def delete_batch(self, name: str) -> None:
+        body = await self._batch(name)
+        uid = body["metadata"]["uid"]
+        with self._subscribe(name, "SandboxBatch") as ev:
+            try:
+                await self.ctx.kube.delete("SandboxBatch", name, self.ns, uid=uid)
+            except ApiError as exc:
+                if status_code(exc) in (404, 409):  # gone, or replaced by a new batch of the same name
+                    return
+                raise _api_error(exc, f"deleting batch {name}") from None
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + DELETE_GRACE
+            while loop.time() < deadline:  # until it is gone: woken by its watch events
+                ev.clear()
+                current = await self._get("SandboxBatch", name, confirm=False)
+                if current is None or current["metadata"].get("uid") != uid:
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ev.wait(), deadline - loop.time())
+
+    async def watch_batch(self, name: str) -> AsyncIterator[Batch]:
+        """The batch now and after each of its watch events that changed it (its resourceVersion), until it is
+        finished; reads the index only (kopf updates it before the event handler wakes this)."""
+        with self._subscribe(name, "SandboxBatch") as ev:
+            self._active()
+            body = await self._batch(name)
+            uid, seen = body["metadata"]["uid"], None
+            while True:
+                ev.clear()
+                if seen is not None:
+                    current = await self._get("SandboxBatch", name, confirm=False)
+                    if current is None or current["metadata"].get("uid") != uid:
+                        raise NotFound(f"batch {name} was deleted")
+                    body = current
+                version = body["metadata"].get("resourceVersion")
+                if version != seen:
+                    seen = version
+                    batch = self.to_batch(body, await self._outputs(body))
+                    yield batch
+                    if batch.finished:
+                        return
+                    continue  # events that came meanwhile: look again before waiting
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ev.wait(), WATCH_CHECK)
+                self._active()
+
+    def _active(self) -> None:
+        if not self.ctx.leadership.active:
+            raise Unavailable(f"this operator replica is on standby (kopf peering {self.ctx.leadership.peering!r}): "
+                              "retry; the claims API Service routes to the active replica")

@@ -1,6 +1,7 @@
 """The claims HTTP API of the Kubernetes operator: uvicorn in kopf's own event loop, started by the operator's startup
 handler when a token is set and stopped by its cleanup handler (operator/handlers.py calls `start`, `stop` and, on
-every SandboxClaim watch event, `claim_event`). SIGTERM/SIGINT stay kopf's: uvicorn installs no signal handlers.
+every SandboxClaim watch event, `claim_event`; on every SandboxBatch one, `batch_event`). SIGTERM/SIGINT stay kopf's:
+uvicorn installs no signal handlers.
 
 Settings (env): CORRAL_API_TOKEN or CORRAL_API_TOKEN_FILE (unset: no API), CORRAL_API_HOST (0.0.0.0),
 CORRAL_API_PORT (7780), CORRAL_API_NAMESPACE (`default`): the one namespace whose claims it serves.
@@ -123,3 +124,10 @@ def claim_event(namespace: str, name: str) -> None:
     server = SERVER.get("api")
     if server is not None:
         server.backend.claim_event(namespace, name)
+
+
+def batch_event(namespace: str, name: str) -> None:
+    """A SandboxBatch watch event (after kopf updated its indices): wake whoever follows that batch."""
+    server = SERVER.get("api")
+    if server is not None:
+        server.backend.batch_event(namespace, name)

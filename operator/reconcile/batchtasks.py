@@ -3,6 +3,9 @@ Events connection per sandbox (execd's GET /v1/command/{id}/wait: its status at 
 KEEPALIVE seconds, its exit). No request is made while a task runs; a broken connection is opened again (backing off)
 by the same command id, which is also how a restarted operator re-attaches: the id is in the batch's status.
 
+When a task has ended, the tail of its output (core.outputs) is read once, before its end goes into the status (the
+end releases the sandbox), and kept in memory for the claims API's results.
+
 A follower only updates its index's entry in memory and asks for a reconcile of the batch COALESCE seconds later;
 tasks that end together are written to the status in one write.
 """
@@ -23,6 +26,7 @@ from ..batchbook import BatchState
 from ..context import Context
 from ..core import batches as b
 from ..core import vocabulary as v
+from ..core.outputs import LogsTail, NotLogs, Tail
 from .handover import ExecdUnreachable, hand_over
 
 log = logging.getLogger("corral.operator.batch")
@@ -32,6 +36,7 @@ KEEPALIVE = 15.0  # seconds between execd's keepalive comments on a wait stream
 READ_TIMEOUT = 3 * KEEPALIVE  # no byte for this long: the connection is dead, open it again
 COALESCE = 0.05  # seconds between a task's end and the status write that carries it (and every other end by then)
 MAX_BACKOFF = 30.0
+TAIL_TIMEOUT = 5.0  # seconds for reading an ended task's output tail (core.outputs) before its end is written
 
 
 def mark(ctx: Context, st: BatchState, ns: str, batch: str) -> None:
@@ -94,6 +99,28 @@ async def _wait(ctx: Context, url: str, token: str, command_id: str) -> dict[str
     raise httpx.ReadError("the wait stream ended without an exit event")
 
 
+async def output_tail(ctx: Context, url: str, token: str, command_id: str, *,
+                      timeout: float = TAIL_TIMEOUT) -> Tail | None:
+    """The tail of a command's output (core.outputs: the logs body is read as it streams, only the tail kept); None
+    if execd does not answer with it within `timeout` (it restarted, the sandbox is going, ...)."""
+    parser = LogsTail()
+
+    async def read() -> Tail | None:
+        async with ctx.http().stream("GET", f"{url}{COMMAND_PATH}/{command_id}/logs",
+                                     headers={"Authorization": f"Bearer {token}"}) as r:
+            if r.status_code != 200:
+                return None
+            async for data in r.aiter_bytes():
+                parser.feed(data)
+        return parser.result()
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except (httpx.HTTPError, NotLogs, TimeoutError) as exc:
+        log.info("output of command %s at %s: %s", command_id, url, exc or type(exc).__name__)
+        return None
+
+
 async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: str, index: int,
                  task: BatchTask) -> None:
     """Start (or find) index `index`'s task and follow it to its end; the outcome goes into its entry."""
@@ -125,6 +152,10 @@ async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: s
             _end(entry, v.FAILED, b.R_TASK_LOST, f"execd of sandbox {m.name} no longer knows the task's command "
                  f"{entry['commandId']} (it restarted)", None)
         else:
+            # its output's tail before the end is written: the end releases the sandbox (Delete: at once)
+            tail = await output_tail(ctx, url, token, entry["commandId"])
+            if tail is not None:
+                ctx.batches.outputs.put(batch_uid, index, tail)
             outcome = b.task_outcome(final.get("exit_code"), signal=final.get("signal"),
                                      timed_out=bool(final.get("timed_out")), interrupted=bool(final.get("interrupted")))
             _end(entry, outcome.phase, outcome.reason, outcome.message, outcome.exit_code)
