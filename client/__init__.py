@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._ops import Retry
-    from .aio import AsyncClient, AsyncSandbox
+    from .aio import AsyncBatchHandle, AsyncClient, AsyncSandbox
     from .errors import (
         ClaimFailed,
         Conflict,
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from .models import (
+        Batch,
+        BatchEvent,
+        BatchTaskResult,
         Claim,
         CommandResult,
         CommandStatus,
@@ -39,27 +42,29 @@ if TYPE_CHECKING:
         SearchResult,
         Snapshot,
     )
-    from .sync import Client, Sandbox
+    from .sync import BatchHandle, Client, Sandbox
     from .terminal import AsyncTerminal, Terminal
 
 __all__ = [
-    "Client", "Sandbox", "AsyncClient", "AsyncSandbox", "Terminal", "AsyncTerminal", "Retry",
+    "Client", "Sandbox", "AsyncClient", "AsyncSandbox", "BatchHandle", "AsyncBatchHandle", "Terminal", "AsyncTerminal",
+    "Retry",
     "CorralError", "InvalidRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "NotReady", "ClaimFailed",
     "Unavailable", "ServerError", "TransportError",
     "Claim", "PoolStatus", "Snapshot", "RetainedSandbox", "CommandResult", "CommandStatus", "Output", "Exit",
     "FileInfo",
-    "SearchResult",
+    "SearchResult", "Batch", "BatchTaskResult", "BatchEvent",
 ]
 
 # Each name is imported from its module on first use (PEP 562), so `corral --help` and `corral.client.errors` do not
 # pay for httpx, pydantic and the models.
 _HOME = {
     "Retry": "_ops", "AsyncClient": "aio", "AsyncSandbox": "aio", "Client": "sync", "Sandbox": "sync",
+    "BatchHandle": "sync", "AsyncBatchHandle": "aio",
     "Terminal": "terminal", "AsyncTerminal": "terminal",
     **dict.fromkeys(["CorralError", "InvalidRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "NotReady",
                      "ClaimFailed", "Unavailable", "ServerError", "TransportError"], "errors"),
     **dict.fromkeys(["Claim", "PoolStatus", "Snapshot", "RetainedSandbox", "CommandResult", "CommandStatus", "Output",
-                     "Exit", "FileInfo", "SearchResult"], "models"),
+                     "Exit", "FileInfo", "SearchResult", "Batch", "BatchTaskResult", "BatchEvent"], "models"),
 }
 
 

@@ -14,8 +14,10 @@ from urllib.parse import quote
 
 import httpx
 
+from corral.api.wire import BATCH_KEEPALIVE_SECONDS
+
 from . import models as m
-from .errors import CorralError, TransportError, error_from
+from .errors import CorralError, InvalidRequest, TransportError, error_from
 
 USER_AGENT = "corral-client/0.1"
 RETRY_STATUS = {502, 503, 504}
@@ -146,6 +148,99 @@ def list_snapshots() -> Call[list[m.Snapshot]]:
 def delete_snapshot(ref: str) -> Call[None]:
     # A reference keeps its '/' and ':' (the route takes the rest of the path); anything else is escaped.
     return Call("DELETE", f"/v1/snapshots/{quote(ref, safe='/:@')}", idempotent=True, timeout=120.0)
+
+
+# --- batches ----------------------------------------------------------------------------------------------------
+# The events stream sends a line at least every wire.BATCH_KEEPALIVE_SECONDS: silence for three of those is a dead
+# connection, opened again (a reconnect gets every ended index again; BatchFollow drops the ones already seen).
+EVENTS_READ_TIMEOUT = 3 * BATCH_KEEPALIVE_SECONDS
+RECONNECTS = 5  # tries in a row without a line before following a batch gives up
+
+
+def new_batch_name() -> str:
+    # Named by the client, so that a retried create is idempotent on the server (same name -> same batch).
+    return f"b-{secrets.token_hex(6)}"
+
+
+def batch_request(pool: str, replicas: int, command: str | Sequence[str], *, env: Mapping[str, str] | None,
+                  cwd: str | None, timeout: int | None, name: str | None, shutdown_policy: str,
+                  ttl_after_finished: int | None) -> m.BatchRequest:
+    """The request, checked here as the server would (InvalidRequest naming what is wrong, before any call)."""
+    from pydantic import ValidationError
+
+    task: dict[str, Any] = {"command": command} if isinstance(command, str) else {"argv": list(command)}
+    task.update({k: v for k, v in (("env", dict(env or {})), ("working_dir", cwd), ("timeout_seconds", timeout))
+                 if v is not None})
+    try:
+        return m.BatchRequest.model_validate({
+            "name": name or new_batch_name(), "pool": pool, "replicas": replicas, "task": task,
+            "shutdown_policy": shutdown_policy, "ttl_seconds_after_finished": ttl_after_finished})
+    except ValidationError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def create_batch(req: m.BatchRequest) -> Call[m.Batch]:
+    return Call("POST", "/v1/batches", json=req.model_dump(mode="json", by_alias=True, exclude_none=True),
+                idempotent=req.name is not None, parse=lambda r: m.Batch.model_validate(r.json()))
+
+
+def get_batch(name: str) -> Call[m.Batch]:
+    return Call("GET", f"/v1/batches/{q(name)}", idempotent=True, parse=lambda r: m.Batch.model_validate(r.json()))
+
+
+def list_batches(pool: str | None = None) -> Call[list[m.Batch]]:
+    return Call("GET", "/v1/batches", params={"pool": pool} if pool else None, idempotent=True,
+                parse=lambda r: [m.Batch.model_validate(b) for b in r.json()["items"]])
+
+
+def delete_batch(name: str) -> Call[None]:
+    return Call("DELETE", f"/v1/batches/{q(name)}", idempotent=True, timeout=60.0)
+
+
+def batch_events(name: str) -> Call[None]:
+    return Call("GET", f"/v1/batches/{q(name)}/events", idempotent=True, timeout=EVENTS_READ_TIMEOUT)
+
+
+class BatchFollow:
+    """Reading a batch's events stream, across reconnects: every ended index once, in the order they ended.
+
+    `feed` takes each line (None for a blank one, or a task line already seen before a reconnect), raises the
+    stream's `error` line as the matching CorralError; `ended` is set by the `end` line. `broken` says how long to
+    wait before opening the stream again after it broke (or ended without `end`), and raises TransportError once
+    RECONNECTS tries in a row brought no line."""
+
+    def __init__(self, retry: Retry | None = None) -> None:
+        self.seen: set[int] = set()
+        self.last: m.BatchEvent | None = None
+        self.ended = False
+        self.failures = 0
+        self.retry = retry or Retry(attempts=RECONNECTS)
+
+    def feed(self, line: str | bytes) -> m.BatchEvent | None:
+        if not line.strip():
+            return None
+        event = m.BatchEvent.model_validate_json(line)
+        self.last, self.failures = event, 0
+        if event.type == "error":
+            err = event.error
+            raise error_from(404 if err and err.code == "not_found" else 503,
+                             (err.model_dump_json() if err else "{}").encode(), method="GET",
+                             path=f"/v1/batches/{event.batch}/events")
+        if event.type == "end":
+            self.ended = True
+        if event.type == "task" and event.task is not None:
+            if event.task.index in self.seen:
+                return None
+            self.seen.add(event.task.index)
+        return event
+
+    def broken(self, name: str, exc: Exception | None) -> float:
+        self.failures += 1
+        if self.failures >= RECONNECTS:
+            why = f"{type(exc).__name__}: {exc}" if exc else "it ended without an end line"
+            raise TransportError(f"following batch {name} failed {self.failures} times in a row ({why})",
+                                 method="GET", path=f"/v1/batches/{name}/events")
+        return self.retry.delay(self.failures)
 
 
 # --- execd, through the proxy -----------------------------------------------------------------------------------

@@ -167,6 +167,34 @@ class AsyncClient:
         except NotFound:
             return False
 
+    # --- batches ----------------------------------------------------------------------------------------------------
+    def batch(self, pool: str, replicas: int, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, timeout: int | None = None, name: str | None = None,
+              shutdown_policy: Literal["Delete", "Retain"] = "Delete",
+              ttl_after_finished: int | None = None) -> _Opening[AsyncBatchHandle]:
+        """See Client.batch. `b = await client.batch(...)`, or `async with client.batch(...) as b:` (deleted on
+        exit); then `async for result in b:` as the tasks end."""
+        req = ops.batch_request(pool, replicas, command, env=env, cwd=cwd, timeout=timeout, name=name,
+                                shutdown_policy=shutdown_policy, ttl_after_finished=ttl_after_finished)
+
+        async def make() -> AsyncBatchHandle:
+            return AsyncBatchHandle(self, await self.call(ops.create_batch(req)))
+
+        return _Opening(make)
+
+    async def get_batch(self, name: str) -> AsyncBatchHandle:
+        return AsyncBatchHandle(self, await self.call(ops.get_batch(name)))
+
+    async def batches(self, pool: str | None = None) -> list[m.Batch]:
+        return await self.call(ops.list_batches(pool))
+
+    async def delete_batch(self, name: str) -> bool:
+        try:
+            await self.call(ops.delete_batch(name))
+            return True
+        except NotFound:
+            return False
+
     async def release(self, name: str) -> bool:
         try:
             await self.call(ops.delete_claim(name))
@@ -241,6 +269,62 @@ class AsyncSandbox:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.release()
+
+
+class AsyncBatchHandle:
+    """See BatchHandle: `async for result in batch:` as the tasks end; `async with` deletes it on exit."""
+
+    def __init__(self, client: AsyncClient, info: m.Batch):
+        self._client, self.info = client, info
+        self.name = info.name
+
+    def __repr__(self) -> str:
+        return f"AsyncBatchHandle({self.name!r}, pool={self.info.pool!r}, phase={self.info.phase!r})"
+
+    async def refresh(self) -> m.Batch:
+        self.info = await self._client.call(ops.get_batch(self.name))
+        return self.info
+
+    async def events(self) -> AsyncIterator[m.BatchEvent]:
+        follow = ops.BatchFollow()
+        while True:
+            error: Exception | None = None
+            try:
+                resp = await self._client._send(ops.batch_events(self.name), stream=True)
+                try:
+                    async for line in resp.aiter_lines():
+                        event = follow.feed(line)
+                        if event is not None:
+                            yield event
+                        if follow.ended:
+                            return
+                finally:
+                    await resp.aclose()
+            except (httpx.TransportError, TransportError) as exc:
+                error = exc
+            await asyncio.sleep(follow.broken(self.name, error))
+
+    async def results(self) -> AsyncIterator[m.BatchTaskResult]:
+        async for event in self.events():
+            if event.type == "task" and event.task is not None:
+                yield event.task
+
+    def __aiter__(self) -> AsyncIterator[m.BatchTaskResult]:
+        return self.results()
+
+    async def wait(self) -> m.Batch:
+        async for _ in self.events():
+            pass
+        return await self.refresh()
+
+    async def delete(self) -> bool:
+        return await self._client.delete_batch(self.name)
+
+    async def __aenter__(self) -> AsyncBatchHandle:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.delete()
 
 
 class AsyncCommands:

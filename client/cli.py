@@ -7,6 +7,8 @@
     corral shell NAME                         interactive terminal (raw mode, resizes follow the window)
     corral cp SRC DST                         NAME:/path on either side; streamed with a progress bar
     corral release NAME...                    end claims
+    corral batch POOL -n N -- CMD [ARGS...]   CMD in N sandboxes: live progress, a summary table, exit 1 if any failed
+    corral batches ls | get NAME | rm NAME... batches
     corral retained ls | rm NAME...           sandboxes kept after their claim ended (--retain)
     corral snapshots ls | rm REF...           snapshot images (Docker mode)
     corral config pulumi --stack local        write ~/.config/corral/config.toml from the stack's outputs
@@ -46,6 +48,9 @@ retained_app = typer.Typer(help="Sandboxes kept after their claim ended (claimed
 app.add_typer(retained_app, name="retained")
 snapshots_app = typer.Typer(help="Snapshot images of claims (Docker mode).", no_args_is_help=True)
 app.add_typer(snapshots_app, name="snapshots")
+batches_app = typer.Typer(help="Batches: N sandboxes of a pool and one task in each (start one with `corral batch`).",
+                          no_args_is_help=True)
+app.add_typer(batches_app, name="batches")
 
 
 class _LazyConsole:
@@ -328,6 +333,146 @@ def shell(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Claim na
 
     code = run_cli(lambda: run_shell(ctx.obj.url, ctx.obj.token, name, command))
     raise typer.Exit(code)
+
+
+# --- batches ------------------------------------------------------------------------------------------------------
+def tail_lines(output: str | None, lines: int = 3, width: int = 100) -> str:
+    """The last `lines` non-empty lines of a task's output tail, each cut to `width` characters (a table cell)."""
+    if not output:
+        return ""
+    kept = [line if len(line) <= width else "…" + line[-(width - 1):]
+            for line in output.replace("\r", "\n").splitlines() if line.strip()][-lines:]
+    return "\n".join(kept)
+
+
+def batch_table(name: str, results: list[Any], lines: int = 3) -> Table:
+    """The summary: one row per index, by index (index, sandbox, phase, exit code, reason, the output's tail)."""
+    from rich.text import Text
+
+    t = _table(title=f"batch {name}", title_justify="left")
+    for col in ("index", "sandbox", "phase", "exit", "reason"):
+        t.add_column(col, no_wrap=True, justify="right" if col in ("index", "exit") else "left")
+    t.add_column("output (tail)", overflow="fold")
+    for r in sorted(results, key=lambda r: r.index):
+        style = "green" if r.phase == "Succeeded" else "red" if r.phase == "Failed" else "yellow"
+        t.add_row(str(r.index), r.sandbox or "-", Text(r.phase, style=style),
+                  "-" if r.exit_code is None else str(r.exit_code), r.reason or "-",
+                  Text(tail_lines(r.output, lines)))  # Text: output is shown as written, never as markup
+    return t
+
+
+def _failed_line(r: Any) -> str:
+    code = "" if r.exit_code is None else f", exit {r.exit_code}"
+    return f"[red]index {r.index} failed[/red] ({r.reason or r.phase}{code})"
+
+
+def _counts(ev: Any) -> str:
+    failed = f"[red]{ev.failed} failed[/red]" if ev.failed else "0 failed"
+    return (f"{ev.phase}: {ev.bound}/{ev.replicas} bound, {ev.running} running, "
+            f"[green]{ev.succeeded} ok[/green], {failed}")
+
+
+@app.command("batch")
+def batch(ctx: typer.Context, pool: Annotated[str, typer.Argument(help="WarmPool or Pool to take sandboxes from.")],
+          command: Annotated[list[str], typer.Argument(help="After --: one argument, a shell command line; "
+                                                            "several: argv. CORRAL_BATCH_INDEX is the index.")],
+          replicas: Annotated[int, typer.Option("--replicas", "-n", help="Sandboxes, and tasks.")] = 1,
+          env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for the tasks.")] = [],  # noqa: B006
+          cwd: Annotated[str | None, typer.Option(help="Working directory of the tasks.")] = None,
+          timeout: Annotated[int | None, typer.Option(help="Kill a task after this many seconds (it fails).")] = None,
+          name: Annotated[str | None, typer.Option(help="Batch name (default: generated).")] = None,
+          retain: Annotated[bool, typer.Option(help="Keep each sandbox after its task until the batch is "
+                                                    "deleted.")] = False,
+          rm: Annotated[bool, typer.Option("--rm", help="Delete the batch once it finished.")] = False,
+          lines: Annotated[int, typer.Option(help="Output lines per task in the summary.")] = 3,
+          as_json: Annotated[bool, typer.Option("--json", help="Print the finished batch as JSON, no table.")] = False,
+          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False) -> None:
+    """Run a command in N sandboxes of a pool, one each; live progress, then a summary table. Exits 1 when any task
+    failed (non-zero exit, timeout, lost sandbox), 130 on Ctrl-C (the batch is deleted then)."""
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise typer.BadParameter("no command given (corral batch POOL -n N -- CMD)", param_hint="COMMAND")
+    cmd: str | list[str] = command[0] if len(command) == 1 else command
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    results: list[Any] = []
+    with run_cli(lambda: ctx.obj.client()) as client:
+        handle = run_cli(lambda: client.batch(pool, replicas, cmd, env=_env(env), cwd=cwd, timeout=timeout,
+                                              name=name, shutdown_policy="Retain" if retain else "Delete"))
+        err.print(f"batch {handle.name}: {replicas} task(s) on {pool}", highlight=False)
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err.real(), disable=quiet, transient=False)
+        last: Any = None
+        try:
+            with progress:
+                bar = progress.add_task(f"Pending: 0/{replicas} bound", total=replicas)
+                for ev in run_cli(handle.events):  # a generator: errors surface while iterating, caught below
+                    last = ev
+                    if ev.type == "task" and ev.task is not None:
+                        results.append(ev.task)
+                        if not ev.task.ok and not quiet:
+                            progress.console.print(_failed_line(ev.task), highlight=False)
+                    progress.update(bar, completed=ev.succeeded + ev.failed, description=_counts(ev))
+        except KeyboardInterrupt:
+            client.delete_batch(handle.name)
+            err.print(f"interrupted: batch {handle.name} deleted", highlight=False)
+            raise typer.Exit(130) from None
+        except CorralError as exc:
+            raise fail(exc) from None
+        final = run_cli(handle.refresh) if as_json else None
+        if rm:
+            run_cli(lambda: client.delete_batch(handle.name))
+    if final is not None:
+        out.print_json(final.model_dump_json(by_alias=True))
+    else:
+        out.print(batch_table(handle.name, results, lines))
+        if last is not None:
+            err.print(f"{last.succeeded} succeeded, {last.failed} failed of {last.replicas} ({last.phase})",
+                      highlight=False)
+    failed = last.failed if last is not None else 0
+    if final is not None:
+        failed = final.failed
+    raise typer.Exit(1 if failed or (last is not None and last.phase == "Failed") else 0)
+
+
+@batches_app.command("ls")
+def batches_ls(ctx: typer.Context, pool: Annotated[str | None, typer.Option(help="Only this pool's batches.")] = None,
+               as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List batches with their counts."""
+    with run_cli(ctx.obj.client) as client:
+        items = run_cli(lambda: client.batches(pool))
+    if as_json:
+        out.print_json(json.dumps([b.model_dump(mode="json", by_alias=True) for b in items]))
+        return
+    t = _table()
+    for col in ("name", "pool", "phase", "replicas", "bound", "running", "succeeded", "failed", "created"):
+        t.add_column(col, no_wrap=True, justify="left" if col in ("name", "pool", "phase", "created") else "right")
+    for b in items:
+        t.add_row(b.name, b.pool, b.phase, str(b.replicas), str(b.bound), str(b.running), str(b.succeeded),
+                  str(b.failed), _when(b.created))
+    out.print(t)
+
+
+@batches_app.command("get")
+def batches_get(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Batch name.")],
+                lines: Annotated[int, typer.Option(help="Output lines per task.")] = 3,
+                as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """A batch's results: one row per index with the tail of its task's output."""
+    with run_cli(ctx.obj.client) as client:
+        b = run_cli(lambda: client.get_batch(name)).info
+    if as_json:
+        out.print_json(b.model_dump_json(by_alias=True))
+        return
+    out.print(batch_table(b.name, b.results, lines))
+    err.print(f"{b.phase}: {b.succeeded} succeeded, {b.failed} failed, {b.running} running of {b.replicas}",
+              highlight=False)
+
+
+@batches_app.command("rm")
+def batches_rm(ctx: typer.Context, names: Annotated[list[str], typer.Argument(help="Batches to delete.")]) -> None:
+    """Delete batches (running tasks end with their sandboxes)."""
+    _remove(ctx, names, "batch", lambda client, name: client.delete_batch(name))
 
 
 # --- cp --------------------------------------------------------------------------------------------------------------

@@ -29,6 +29,24 @@ class RetainedSandbox(wire.RetainedSandbox):
     model_config = ConfigDict(extra="ignore")
 
 
+BatchRequest = wire.BatchRequest
+BatchTaskRequest = wire.BatchTaskRequest
+
+
+class BatchTaskResult(wire.BatchTaskResult):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Batch(wire.Batch):
+    model_config = ConfigDict(extra="ignore")
+    results: list[BatchTaskResult] = []  # type: ignore[assignment]  # the lenient results, read as such
+
+
+class BatchEvent(wire.BatchEvent):
+    model_config = ConfigDict(extra="ignore")
+    task: BatchTaskResult | None = None
+
+
 class _Execd(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -137,6 +137,36 @@ class Client:
         except NotFound:
             return False
 
+    # --- batches ----------------------------------------------------------------------------------------------------
+    def batch(self, pool: str, replicas: int, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, timeout: int | None = None, name: str | None = None,
+              shutdown_policy: Literal["Delete", "Retain"] = "Delete",
+              ttl_after_finished: int | None = None) -> BatchHandle:
+        """Start a batch: `replicas` sandboxes of `pool` (warm first, cold for the rest) and `command` in each (a
+        string runs through /bin/sh -c, a list without a shell), its index in CORRAL_BATCH_INDEX. Returns at once;
+        iterate the handle for each task's result as it ends. `timeout`: seconds before a task is killed (its index
+        fails, TaskTimeout). `with client.batch(...) as b:` deletes the batch on exit. InvalidRequest for a bad
+        request, NotFound for an unknown pool."""
+        req = ops.batch_request(pool, replicas, command, env=env, cwd=cwd, timeout=timeout, name=name,
+                                shutdown_policy=shutdown_policy, ttl_after_finished=ttl_after_finished)
+        return BatchHandle(self, self.call(ops.create_batch(req)))
+
+    def get_batch(self, name: str) -> BatchHandle:
+        """A handle on an existing batch (e.g. started by `corral batch`)."""
+        return BatchHandle(self, self.call(ops.get_batch(name)))
+
+    def batches(self, pool: str | None = None) -> list[m.Batch]:
+        """Batches, oldest first (their results without output)."""
+        return self.call(ops.list_batches(pool))
+
+    def delete_batch(self, name: str) -> bool:
+        """Delete a batch, its running tasks and its sandboxes; False if there was none of that name."""
+        try:
+            self.call(ops.delete_batch(name))
+            return True
+        except NotFound:
+            return False
+
     def release(self, name: str) -> bool:
         """End a claim; False if there was none of that name (already released)."""
         try:
@@ -210,6 +240,68 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class BatchHandle:
+    """A batch: `for result in batch:` yields each index's BatchTaskResult as its task ends (in the order they end,
+    each once, with the tail of its output), over one streaming response, reopened if it breaks. `with` deletes it
+    on exit."""
+
+    def __init__(self, client: Client, info: m.Batch):
+        self._client, self.info = client, info
+        self.name = info.name
+
+    def __repr__(self) -> str:
+        return f"BatchHandle({self.name!r}, pool={self.info.pool!r}, phase={self.info.phase!r})"
+
+    def refresh(self) -> m.Batch:
+        """The batch now, every index's result (ended ones with their output's tail)."""
+        self.info = self._client.call(ops.get_batch(self.name))
+        return self.info
+
+    def events(self) -> Iterator[m.BatchEvent]:
+        """Every line of the events stream (progress, task, end) until the batch is finished; a task line once per
+        index, even across reconnects."""
+        follow = ops.BatchFollow()
+        while True:
+            error: Exception | None = None
+            try:
+                resp = self._client._send(ops.batch_events(self.name), stream=True)
+                try:
+                    for line in resp.iter_lines():
+                        event = follow.feed(line)
+                        if event is not None:
+                            yield event
+                        if follow.ended:
+                            return
+                finally:
+                    resp.close()
+            except (httpx.TransportError, TransportError) as exc:
+                error = exc
+            time.sleep(follow.broken(self.name, error))
+
+    def results(self) -> Iterator[m.BatchTaskResult]:
+        for event in self.events():
+            if event.type == "task" and event.task is not None:
+                yield event.task
+
+    def __iter__(self) -> Iterator[m.BatchTaskResult]:
+        return self.results()
+
+    def wait(self) -> m.Batch:
+        """Until the batch is finished; then the batch with every result."""
+        for _ in self.events():
+            pass
+        return self.refresh()
+
+    def delete(self) -> bool:
+        return self._client.delete_batch(self.name)
+
+    def __enter__(self) -> BatchHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.delete()
 
 
 class Commands:
