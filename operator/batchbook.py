@@ -24,7 +24,6 @@ class BatchState:
     indexes: list[dict[str, Any]] | None = None  # per-index entries (the status's wire form); None: not loaded yet
     written: dict[str, Any] | None = None  # the status this process last wrote (an unchanged one is not written)
     followers: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # index -> its task's follower
-    fresh: set[int] = field(default_factory=set)  # indexes bound by this process: their execd runs nothing of ours yet
     conditions: list[dict[str, Any]] = field(default_factory=list)
     times: dict[str, str] = field(default_factory=dict)  # startTime / completionTime as written
     logged: str | None = None  # the phase last logged

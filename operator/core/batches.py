@@ -39,6 +39,7 @@ R_EXIT_CODE: Final = "NonZeroExit"          # the task exited non-zero (or was k
 R_TASK_TIMEOUT: Final = "TaskTimeout"       # timeoutSeconds passed: execd killed its process tree
 R_TASK_INTERRUPTED: Final = "TaskInterrupted"  # someone interrupted the command through execd
 R_TASK_LOST: Final = "TaskLost"             # execd no longer knows the command (its execd restarted)
+R_EXECD_UNREACHABLE: Final = "ExecdUnreachable"  # the sandbox's execd did not answer for the follower's patience
 # SandboxLost, StartFailed and the waiting reasons (PoolNotFound, ...) are the claims' (vocabulary.REASONS).
 
 # A batch's sandboxes carry the claim label `<batch>_<index>`: taken like a claim's in every pool rule, and never

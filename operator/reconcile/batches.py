@@ -127,7 +127,7 @@ async def _check_indexes(ctx: Context, body: dict[str, Any], spec: SandboxBatchS
             continue
         if m is None and (ns, label) in ctx.bound:
             continue  # our own adoption or create, not in the cache yet
-        if m is None or m.deleting:
+        if m is None or m.deleting or entry.get("sandbox") not in (None, m.name):
             if entry.get("sandbox"):
                 st.cancel(i)
                 entry.update(phase=v.FAILED, reason=v.R_SANDBOX_LOST,
@@ -215,7 +215,6 @@ async def _adopt_all(ctx: Context, body: dict[str, Any], st: BatchState, kind: s
         for (i, m), ok in zip(pairs, taken, strict=True):
             if ok:
                 adopted += 1
-                st.fresh.add(i)
                 entries[i].update(sandbox=m.name, launchType=v.WARM, phase=b.BOUND)
         left = [i for (i, _), ok in zip(pairs, taken, strict=True) if not ok] + left[len(pairs):]
         if all(not ok for ok in taken):
@@ -281,7 +280,6 @@ async def _cold(ctx: Context, body: dict[str, Any], st: BatchState, pool: dict[s
                                   message=f"could not create sandbox {sandbox}: {exc}")
                 return None
         ctx.bound[(ns, label)] = sandbox
-        st.fresh.add(i)
         entries[i].update(sandbox=sandbox, launchType=v.COLD, phase=b.BOUND)
         return sandbox
 

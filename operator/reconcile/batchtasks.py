@@ -3,6 +3,16 @@ Events connection per sandbox (execd's GET /v1/command/{id}/wait: its status at 
 KEEPALIVE seconds, its exit). No request is made while a task runs; a broken connection is opened again (backing off)
 by the same command id, which is also how a restarted operator re-attaches: the id is in the batch's status.
 
+A task is started with a key naming its batch, index and sandbox (execd's `key`): a restarted operator that finds no
+id in the status (it died between the start and the status write) asks execd to start it again and gets the command
+that already runs, never a second run, and never a command of another batch or claim that used the same sandbox
+before (a Pool's Noop recycling keeps the pod and its execd's finished commands).
+
+An execd that does not answer (refused, timed out, 5xx, a wait stream cut) is asked again, backing off; once it has
+been silent for EXECD_PATIENCE seconds in a row the index fails (ExecdUnreachable) and the batch goes on. Every line
+of a wait stream, keepalive comments included, counts as an answer: a task that runs for hours on a healthy stream
+never comes near it, and no request is added to notice it.
+
 When a task has ended, the tail of its output (core.outputs) is read once, before its end goes into the status (the
 end releases the sandbox), and kept in memory for the claims API's results.
 
@@ -36,6 +46,7 @@ KEEPALIVE = 15.0  # seconds between execd's keepalive comments on a wait stream
 READ_TIMEOUT = 3 * KEEPALIVE  # no byte for this long: the connection is dead, open it again
 COALESCE = 0.05  # seconds between a task's end and the status write that carries it (and every other end by then)
 MAX_BACKOFF = 30.0
+EXECD_PATIENCE = 120.0  # seconds an index's execd may stay silent (every attempt failing) before the index fails
 TAIL_TIMEOUT = 5.0  # seconds for reading an ended task's output tail (core.outputs) before its end is written
 
 
@@ -64,24 +75,37 @@ class StartRefused(Exception):
     """execd refused the task as written (4xx): the index fails, no retry."""
 
 
-async def _start(ctx: Context, url: str, token: str, task: BatchTask, index: int, adopt: bool) -> str:
-    """The id of index `index`'s command: a background command already there (`adopt`: this process may have
-    started it before a restart and not lived to write its id), else a new one."""
+class Contact:
+    """When a follower last heard from its execd (monotonic seconds): an answer to a request, or any line of a wait
+    stream, keepalives included."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+
+    def heard(self) -> None:
+        self.at = time.monotonic()
+
+    def silent(self) -> float:
+        return time.monotonic() - self.at
+
+
+def task_key(batch_uid: str, index: int, sandbox_uid: str) -> str:
+    """execd's key of index `index`'s task in the sandbox with uid `sandbox_uid` (see the module docstring)."""
+    return f"{batch_uid}/{index}/{sandbox_uid}"
+
+
+async def _start(ctx: Context, url: str, token: str, task: BatchTask, index: int, key: str) -> str:
+    """The id of index `index`'s command: started now, or (execd answers 200 for a key it holds) the one a previous
+    process started and did not live to write down."""
     headers = {"Authorization": f"Bearer {token}"}
-    if adopt:
-        r = await ctx.http().get(url + COMMAND_PATH, headers=headers)
-        r.raise_for_status()
-        ours = [c for c in r.json().get("commands") or [] if c.get("mode") == "background"]
-        if ours:
-            return str(max(ours, key=lambda c: c.get("started_at") or 0)["id"])
-    r = await ctx.http().post(url + COMMAND_PATH, json=b.task_request(task, index), headers=headers)
+    r = await ctx.http().post(url + COMMAND_PATH, json={**b.task_request(task, index), "key": key}, headers=headers)
     if 400 <= r.status_code < 500 and r.status_code not in (401, 408, 429):
         raise StartRefused(f"execd refused the task ({r.status_code}): {r.text[:300]}")
     r.raise_for_status()
     return str(r.json()["id"])
 
 
-async def _wait(ctx: Context, url: str, token: str, command_id: str) -> dict[str, Any] | None:
+async def _wait(ctx: Context, url: str, token: str, command_id: str, contact: Contact) -> dict[str, Any] | None:
     """The command's final status from its wait stream; None if execd does not know the command."""
     timeout = httpx.Timeout(10.0, read=READ_TIMEOUT)
     async with ctx.http().stream("GET", f"{url}{COMMAND_PATH}/{command_id}/wait", params={"keepalive": KEEPALIVE},
@@ -89,8 +113,10 @@ async def _wait(ctx: Context, url: str, token: str, command_id: str) -> dict[str
         if r.status_code == 404:
             return None
         r.raise_for_status()
+        contact.heard()
         event = ""
         async for line in r.aiter_lines():
+            contact.heard()
             if line.startswith("event: "):
                 event = line[7:]
             elif line.startswith("data: ") and event == "exit":
@@ -122,30 +148,46 @@ async def output_tail(ctx: Context, url: str, token: str, command_id: str, *,
 
 
 async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: str, index: int,
-                 task: BatchTask) -> None:
-    """Start (or find) index `index`'s task and follow it to its end; the outcome goes into its entry."""
+                 task: BatchTask, *, patience: float = EXECD_PATIENCE) -> None:
+    """Start (or find) index `index`'s task and follow it to its end; the outcome goes into its entry. The index
+    fails (ExecdUnreachable) once its execd has not answered for `patience` seconds in a row."""
     assert st.indexes is not None
     entry = st.indexes[index]
     backoff = 0.5
+    contact = Contact()
     while True:
         m = ctx.cache.claim_sandbox(ns, b.claim_label(batch, index))
         pod = ctx.cache.pod(ns, m.name) if m is not None else None
         if m is None or m.deleting or pod is None or not m.endpoint:
             return  # lost or not there yet: the sandbox's watch event brings the batch's reconcile back
+        if entry.get("sandbox") not in (None, m.name):
+            return  # not the sandbox this index's task ran in: the reconcile fails the index (SandboxLost)
         url = f"http://{m.endpoint}"
+        attempt = time.monotonic()
         try:
             token = await hand_over(ctx, ns, m.name, m.uid, pod.uid, url, batch_uid)
             if not entry.get("commandId"):
-                entry["commandId"] = await _start(ctx, url, token, task, index, adopt=index not in st.fresh)
+                entry["commandId"] = await _start(ctx, url, token, task, index, task_key(batch_uid, index, m.uid))
+                contact.heard()
                 entry["phase"] = b.RUNNING
                 mark(ctx, st, ns, batch)
-            final = await _wait(ctx, url, token, entry["commandId"])
+            final = await _wait(ctx, url, token, entry["commandId"], contact)
         except StartRefused as exc:
             _end(entry, v.FAILED, v.R_START_FAILED, str(exc), None)
             break
         except (httpx.HTTPError, ExecdUnreachable, ValueError) as exc:
-            log.info("batch %s/%s index %d: execd of %s: %s; again in %.1fs", ns, batch, index, m.name, exc, backoff)
-            await asyncio.sleep(backoff)
+            silent = contact.silent()
+            if silent >= patience:
+                _end(entry, v.FAILED, b.R_EXECD_UNREACHABLE,
+                     f"execd of sandbox {m.name} did not answer for {silent:.0f} s (last: {exc or type(exc).__name__})",
+                     None)
+                break
+            if contact.at >= attempt:  # it answered during this attempt (a stream that broke): start over
+                backoff = 0.5
+            pause = min(backoff, patience - silent)  # the last attempt goes out when the patience runs out
+            log.info("batch %s/%s index %d: execd of %s: %s; again in %.1fs", ns, batch, index, m.name,
+                     exc or type(exc).__name__, pause)
+            await asyncio.sleep(pause)
             backoff = min(MAX_BACKOFF, backoff * 2)
             continue
         if final is None:
