@@ -122,8 +122,9 @@ async def _check_indexes(ctx: Context, body: dict[str, Any], spec: SandboxBatchS
         if m is not None:
             ctx.bound.pop((ns, label), None)
         if entry["phase"] in b.INDEX_ENDED:
-            if m is not None and not m.deleting and spec.lifecycle.shutdown_policy != "Retain":
-                await ignore({404}, ctx.kube.delete("Sandbox", m.name, ns))
+            policy = spec.lifecycle.shutdown_policy
+            if m is not None and not m.deleting and policy != "Retain":
+                await ignore({404}, ctx.kube.delete("Sandbox", m.name, ns, foreground=policy == "DeleteForeground"))
             continue
         if m is None and (ns, label) in ctx.bound:
             continue  # our own adoption or create, not in the cache yet
@@ -297,6 +298,8 @@ async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str 
     counts = b.count(entries)
     if phase is None:
         phase = b.batch_phase(replicas, spec.get("task") is not None, counts)
+        if phase in b.FINAL_BATCH_PHASES and _releasing(ctx, body, entries):
+            phase = b.RUNNING  # DeleteForeground: finished once the ended tasks' sandboxes are gone
     desired: dict[str, Any] = {
         "phase": phase, "replicas": replicas, "bound": counts.bound, "running": counts.running,
         "succeeded": counts.succeeded, "failed": counts.failed, "indexes": [dict(e) for e in entries],
@@ -323,6 +326,16 @@ async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str 
         log.info("batch %s/%s %s: %d bound, %d running, %d succeeded, %d failed", meta["namespace"], meta["name"],
                  phase, counts.bound, counts.running, counts.succeeded, counts.failed)
     return phase
+
+
+def _releasing(ctx: Context, body: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
+    """Whether a batch with shutdownPolicy DeleteForeground still has the sandbox of an ended task (being deleted, or
+    about to be): its final phase waits for them (their deletion events bring the batch's reconcile back)."""
+    if ((body["spec"].get("lifecycle") or {}).get("shutdownPolicy")) != "DeleteForeground":
+        return False
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    return any(e["phase"] in b.INDEX_ENDED and ctx.cache.claim_sandbox(ns, b.claim_label(name, e["index"])) is not None
+               for e in entries)
 
 
 def _account(meta: dict[str, Any], st: BatchState, phase: str) -> None:

@@ -238,3 +238,73 @@ def test_a_batch_of_50_against_a_warm_pool_of_20_gets_exactly_20_warm_and_30_col
     labelled = {s.metadata.labels["corral.dev/claim"]: s.metadata.name
                 for s in kube.list(Sandbox, namespace=ns, labels={"corral.dev/claim": None})}
     assert {f"fifty_{e['index']}": e["sandbox"] for e in st["indexes"]}.items() <= labelled.items()
+
+
+def test_delete_foreground_finishes_the_batch_only_once_its_sandboxes_are_gone(kube, operator, ns, pod_execd):
+    kube.create(template("t"), namespace=ns)
+    kube.create(warm_pool("wp", "t", 3), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) == 3, 60, 0.2, "3 warm sandboxes")
+    execds = Execds(kube, ns, pod_execd)
+    execds.sweep()
+    kube.create(batch("fg", "wp", 3, {"command": "sleep 1"}, lifecycle={"shutdownPolicy": "DeleteForeground"}),
+                namespace=ns)
+    st = settle(kube, ns, "fg", execds, done=lambda st: st.get("running") == 3)
+    ours = {e["sandbox"] for e in st["indexes"]}
+    seen_ended_with_sandboxes = False
+    deadline = time.monotonic() + 60
+    while True:  # read the batch first, then the sandboxes: a list made after the batch said it finished
+        st = batch_status(kube, ns, "fg")
+        left = {s.metadata.name for s in kube.list(Sandbox, namespace=ns)} & ours
+        if st.get("phase") in ("Succeeded", "Failed"):
+            assert not left, f"the batch finished while {sorted(left)} still existed"
+            break
+        seen_ended_with_sandboxes |= st.get("succeeded") == 3 and bool(left)
+        assert time.monotonic() < deadline, st
+        time.sleep(0.05)
+    assert (st["phase"], st["succeeded"], st["running"]) == ("Succeeded", 3, 0)
+    print(f"all 3 tasks ended while their sandboxes were still there, seen: {seen_ended_with_sandboxes}")
+
+
+def test_a_restarted_operator_never_takes_a_noop_recycled_sandbox_s_old_command_for_its_task(kube, operator, ns,
+                                                                                              pod_execd):
+    """A Pool's Noop recycling keeps the pod, and its execd keeps the last user's finished command. An operator that
+    bound the sandbox to a new batch and died before starting the task must, restarted, run the new task (it once
+    re-attached to the newest background command it found there)."""
+    from kubeutil import pool
+    from lightkube.types import PatchType
+
+    kube.create(template("t"), namespace=ns)
+    kube.create(pool("p", "t", recycleStrategy="Noop",
+                     capacity={"bufferMin": 1, "bufferMax": 1, "poolMin": 0, "poolMax": 1}), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "p")) == 1, 60, 0.2, "1 idle sandbox")
+    execds = Execds(kube, ns, pod_execd)
+    execds.sweep()
+    first = SandboxBatch.from_dict({"metadata": {"name": "first"}, "spec": {
+        "poolRef": {"kind": "Pool", "name": "p"}, "replicas": 1, "task": {"command": "echo first >> runs.txt"},
+        "lifecycle": {"shutdownPolicy": "Retain"}}})
+    kube.create(first, namespace=ns)
+    sandbox = settle(kube, ns, "first", execds)["indexes"][0]["sandbox"]
+    kube.delete(SandboxBatch, "first", namespace=ns)  # the Pool recycles its sandbox as it is (Noop)
+    wait_until(lambda: [s.metadata.name for s in idle_ready(kube, ns, "p")] == [sandbox], 60, 0.2, "recycled")
+    assert execds.runs(sandbox) == ["first"]
+
+    operator.kill()  # the operator that binds the next batch dies before it starts the task: done by hand here
+    try:
+        second = SandboxBatch.from_dict({"metadata": {"name": "second"}, "spec": {
+            "poolRef": {"kind": "Pool", "name": "p"}, "replicas": 1,
+            "task": {"command": "echo second >> runs.txt; exit 5"}}})
+        uid = kube.create(second, namespace=ns).metadata.uid
+        kube.patch(Sandbox, sandbox, {"metadata": {
+            "labels": {"corral.dev/claim": "second_0"},
+            "annotations": {"corral.dev/launch-type": "Warm", "corral.dev/claim-uid": uid}}},
+            namespace=ns, patch_type=PatchType.MERGE)
+        kube.patch(SandboxBatch.Status, "second", {"status": {
+            "phase": "Running", "replicas": 1, "bound": 1,
+            "indexes": [{"index": 0, "sandbox": sandbox, "launchType": "Warm", "phase": "Bound"}]}},
+            namespace=ns, patch_type=PatchType.MERGE)
+    finally:
+        operator.start()
+    st = settle(kube, ns, "second", execds)
+    entry = st["indexes"][0]
+    assert (entry["phase"], entry.get("exitCode"), entry["reason"]) == ("Failed", 5, "NonZeroExit"), entry
+    assert execds.runs(sandbox) == ["first", "second"]  # its own task ran, once
