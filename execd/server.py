@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         return install(*args[1:])
     usage = ("usage: python -m corral.execd                       serve (configured by CORRAL_EXECD_* env: "
              "see corral.execd.settings)\n"
-             "       python -m corral.execd install DEST [TOKEN_FILE]  copy the daemon into DEST (an init container's job)")
+             "       python -m corral.execd install DEST [TOKEN_FILE]  "
+             "copy the daemon into DEST (an init container's job)")
     if args[:1] in (["-h"], ["--help"]):
         print(usage)
         return 0
