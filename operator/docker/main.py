@@ -32,7 +32,8 @@ from corral.operator.planning import MAX_BATCH
 
 from . import desired as pools_file
 from . import engine
-from .runtime import DockerRuntime, Settings
+from .runtime import DockerRuntime
+from .settings import Settings
 from .store import Store
 
 log = logging.getLogger("corral.operator.docker")

@@ -1,5 +1,5 @@
 """One domain core, two runtimes: the same claim and pool scenarios through the Kubernetes runtime's entry points
-(reconcile.claims, reconcile.pools, the claims API's kube_backend) and the Docker runtime's (docker.runtime,
+(reconcile.claims, reconcile.pools, the claims API's kube_backend) and the Docker runtime's (docker.claims,
 docker.pools, the pools file), with the same outcome. Copies of the pre-core functions show the table catches the
 drift it was written for (Docker's env policy, the Kubernetes claims API's Pool default)."""
 
@@ -17,9 +17,9 @@ from corral.api.wire import ClaimRequest
 from corral.components import catalogue
 from corral.operator.claimsapi import kube_backend
 from corral.operator.core import lifecycle
+from corral.operator.docker import claims as docker_claims
 from corral.operator.docker import desired as df
 from corral.operator.docker import pools as docker_pools
-from corral.operator.docker import runtime as docker_runtime
 from corral.operator.docker.store import SandboxRow
 from corral.operator.planning import Plan, plan_warm_pool
 from corral.operator.reconcile import claims as kube_claims
@@ -45,7 +45,7 @@ def kube_admission(env: dict[str, str], tspec: dict, volumes: int = 0) -> str | 
 
 def docker_admission(env: dict[str, str], tspec: dict) -> str | None:
     tmpl = df.docker_template("shell", tspec, network="n")
-    refusal = docker_runtime.admission(ClaimRequest(pool="p", env=env), tmpl)
+    refusal = docker_claims.admission(ClaimRequest(pool="p", env=env), tmpl)
     return refusal.reason if refusal else None
 
 
@@ -106,16 +106,6 @@ def test_warm_pool_desired_size():
 
 
 # --- readiness grace ------------------------------------------------------------------------------------------------
-class _DockerPlanner:
-    """The attributes DockerRuntime._plan reads, over a real pools file and store rows."""
-
-    def __init__(self, state: df.DesiredState, rows: list[SandboxRow]):
-        self.desired, self.s = state, SimpleNamespace(stack="s")
-        self.store = SimpleNamespace(sandboxes=lambda pool=None: [r for r in rows if r.pool == pool])
-
-    _plan = docker_pools.PoolsMixin._plan
-
-
 @pytest.mark.parametrize(("grace", "age", "replaced"), [(None, 299, False), (None, 301, True), (60, 59, False),
                                                         (60, 61, True), (3600, 400, False)])
 def test_readiness_grace_is_the_pools_in_both_runtimes(grace, age, replaced):
@@ -124,7 +114,8 @@ def test_readiness_grace_is_the_pools_in_both_runtimes(grace, age, replaced):
     wp = df.warm_pool("wp", "shell", 1, readiness_grace_seconds=grace)
     row = SandboxRow(name="sb", template="shell", state="creating", created=now - age, pool="wp", pool_kind="WarmPool",
                      hash=tmpl.blueprint_hash())
-    plan, _ = _DockerPlanner(df.DesiredState(stack="s", templates=[tmpl], warm_pools=[wp]), [row])._plan("wp")
+    plan = docker_pools.plan_round(df.DesiredState(stack="s", templates=[tmpl], warm_pools=[wp]), "wp", [row],
+                                   now).plan
     assert ([m.name for m in plan.delete] == ["sb"]) is replaced
     # Kubernetes: the reconciler validates the WarmPool and plans with the core's grace of that spec.
     spec = WarmPoolSpec.model_validate(wp.spec.to_k8s())
@@ -155,34 +146,30 @@ async def _kube_batches(n: int, cap: int) -> list[int]:
 
 
 async def _docker_batches(n: int, cap: int) -> list[int]:
-    """Drive the Docker pool worker (PoolsMixin._pool_worker) until the pool is full; each plan round asks for what
-    is missing, as _plan would."""
+    """Drive the Docker pool worker (PoolWorkers.work) until the pool is full; each plan round asks for what is
+    missing, as plan_round would."""
     sizes: list[int] = []
     made = [0]
     done = asyncio.Event()
 
-    class Worker:
-        s = SimpleNamespace(max_batch=cap)
-        _wake = {"p": asyncio.Event()}
-
+    class Runner:
         async def run(self, fn, *args, **kw):
             return fn(*args, **kw)
 
-        def _plan(self, pool):
+    class Workers(docker_pools.PoolWorkers):
+        def plan(self, pool):
             if made[0] >= n:
                 done.set()
             sizes.append(0)
             return Plan(create=n - made[0]), ("WarmPool", None)
 
-        async def _create_idle(self, pool, kind, tmpl):
+        async def create_idle(self, pool, kind, tmpl):
             made[0] += 1
             sizes[-1] += 1
 
-        _pool_worker = docker_pools.PoolsMixin._pool_worker
-
-    w = Worker()
-    w._wake["p"].set()
-    task = asyncio.create_task(w._pool_worker("p"))
+    w = Workers(SimpleNamespace(max_batch=cap, max_pool_creates=4), desired=lambda: None, store=None,
+                runner=Runner(), sandboxes=None, wake=docker_pools.Wake())
+    task = asyncio.create_task(w.work("p"))
     await asyncio.wait_for(done.wait(), 5)
     task.cancel()
     return [s for s in sizes if s]
@@ -208,7 +195,7 @@ def test_a_claims_ttl_ends_at_the_same_time_in_both_runtimes(ttl, monkeypatch):
     manifest = kube_backend.KubeBackend(SimpleNamespace(), "ns")._manifest("c", "WarmPool",
                                                                            ClaimRequest(pool="p", ttl_seconds=ttl))
     kube_end = datetime.fromisoformat(manifest["spec"]["lifecycle"]["shutdownTime"].replace("Z", "+00:00")).timestamp()
-    docker_end = lifecycle.lease_end(t0, ttl)  # DockerRuntime.create_claim: expires_at
+    docker_end = lifecycle.lease_end(t0, ttl)  # docker Claims.create: expires_at
     for now in (t0 + ttl - 1, t0 + ttl, t0 + ttl + 1):
         assert lifecycle.due(kube_end, now) == lifecycle.due(docker_end, now) == (now >= t0 + ttl)
     assert kube_backend.KubeBackend(SimpleNamespace(), "ns")._manifest(
