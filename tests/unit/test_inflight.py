@@ -1,0 +1,338 @@
+"""The operator's in-flight state (corral.operator.inflight): each type's lifecycle, entry by entry, and that every
+entry goes when what it is about goes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.api import CorralValidationError
+from corral.components import catalogue
+from corral.operator.inflight import (
+    ClaimBook,
+    Expectations,
+    NamespaceRepairs,
+    PoolLocks,
+    PoolPacing,
+    SandboxStarts,
+    TemplateSpecs,
+    TokenBook,
+)
+from corral.operator.inflight.starts import POD_CREATE_GRACE
+
+
+# ---- ClaimBook -------------------------------------------------------------------------------------------------------
+def test_an_adoption_is_reserved_until_the_cache_shows_it_then_bound_until_the_claim_sees_its_sandbox():
+    book = ClaimBook()
+    book.reserve("ns", "wp-a", "c1")
+    assert book.is_reserved("ns", "wp-a") and book.reserved_in("ns") == {"wp-a"} and book.reserved_in("other") == set()
+    book.bind("ns", "c1", "wp-a")
+    assert book.bound_to("ns", "c1") == "wp-a" and book.is_bound("ns", "c1")
+
+    book.adoption_seen("ns", "wp-a")  # the sandbox's labelled watch event
+    assert not book.is_reserved("ns", "wp-a")
+    book.binding_seen("ns", "c1")  # the claim's pass finds the sandbox by label
+    assert book.bound_to("ns", "c1") is None and len(book) == 0
+
+
+def test_a_failed_adoption_patch_frees_the_sandbox_for_the_next_claim():
+    book = ClaimBook()
+    book.reserve("ns", "wp-a", "c1")
+    book.unreserve("ns", "wp-a")
+    assert book.reserved_in("ns") == set() and len(book) == 0
+
+
+def test_a_written_phase_holds_the_claim_back_until_the_watch_shows_it_once():
+    book = ClaimBook()
+    assert not book.awaiting_echo("ns", "c1", "Pending")  # nothing written: act
+    book.phase_written("ns", "c1", "Bound")
+    assert book.awaiting_echo("ns", "c1", "Pending")  # the cache is behind our write
+    assert book.awaiting_echo("ns", "c1", None)
+    assert not book.awaiting_echo("ns", "c1", "Bound")  # it arrived: act, and forget the write
+    assert len(book) == 0
+    assert not book.awaiting_echo("ns", "c1", "Pending")  # a later change by someone else is acted on
+
+
+def test_first_seen_is_kept_from_the_first_pending_pass_until_the_claim_is_decided():
+    book = ClaimBook()
+    assert book.first_seen("ns", "c1", 10.0) == 10.0
+    assert book.first_seen("ns", "c1", 12.0) == 10.0  # latency counts from the first pass
+    book.decided("ns", "c1")
+    assert len(book) == 0
+
+
+def test_a_deleted_claim_and_a_deleted_sandbox_leave_nothing_behind():
+    book = ClaimBook()
+    book.first_seen("ns", "c1", 1.0)
+    book.bind("ns", "c1", "wp-a")
+    book.phase_written("ns", "c1", "Failed")
+    book.reserve("ns", "wp-a", "c1")  # its labelled event never came: the sandbox went first
+    book.claim_gone("ns", "c1")
+    assert len(book) == 1
+    book.sandbox_gone("ns", "wp-a")
+    assert len(book) == 0
+
+
+def test_a_live_claims_spec_is_validated_once_per_generation_and_dropped_when_it_ends():
+    book = ClaimBook()
+
+    def claim(generation: int, pool: str = "wp") -> dict:
+        return {"metadata": {"namespace": "ns", "name": "c1", "uid": "u1", "generation": generation},
+                "spec": {"poolRef": {"name": pool}}}
+
+    first = book.spec(claim(1))
+    assert book.spec(claim(1)) is first and len(book) == 1  # not validated again
+    assert book.spec(claim(2, "other")).pool_ref.name == "other"  # an edit is
+    with pytest.raises(CorralValidationError):
+        book.spec(claim(3, "Not A Name"))
+    assert book.spec(claim(2, "other"), keep=False).pool_ref.name == "other"  # the claim ended: not kept
+    assert len(book) == 0
+    book.spec(claim(4))
+    book.claim_gone("ns", "c1")
+    assert len(book) == 0
+
+
+# ---- PoolPacing ------------------------------------------------------------------------------------------------------
+def test_refill_waits_for_the_quiet_moment_after_a_claim_stream():
+    pacing = PoolPacing(claim_quiet=0.15, max_refill_defer=30)
+    assert pacing.refill_wait("WarmPool", "ns", "wp", now=100.0, ready_idle=200, low_water=30) is None  # no claims
+    pacing.claim_decided("WarmPool", "ns", "wp", now=100.0)
+    assert pacing.refill_wait("WarmPool", "ns", "wp", now=100.05, ready_idle=200, low_water=30) == pytest.approx(100.15)
+    assert pacing.refill_wait("WarmPool", "ns", "other", now=100.05, ready_idle=200, low_water=30) is None
+    assert pacing.refill_wait("WarmPool", "ns", "wp", now=100.15, ready_idle=200, low_water=30) is None  # quiet now
+
+
+def test_refill_does_not_wait_when_the_pool_runs_low_or_for_too_long():
+    pacing = PoolPacing(claim_quiet=0.15, max_refill_defer=1.0)
+    key = ("WarmPool", "ns", "wp")
+    pacing.claim_decided(*key, now=100.0)
+    assert pacing.refill_wait(*key, now=100.01, ready_idle=29, low_water=30) is None  # under the low-water mark
+    assert pacing.refill_wait(*key, now=100.0, ready_idle=200, low_water=30) is not None
+    for i in range(1, 10):  # a stream that never pauses
+        t = 100.0 + i * 0.1
+        pacing.claim_decided(*key, now=t)
+        wait = pacing.refill_wait(*key, now=t, ready_idle=200, low_water=30)
+        assert wait is not None and wait <= 101.0 + 1e-9  # never promised later than max_refill_defer
+    pacing.claim_decided(*key, now=101.05)
+    assert pacing.refill_wait(*key, now=101.05, ready_idle=200, low_water=30) is None
+
+
+def test_routine_pool_status_writes_are_spaced_and_wait_for_a_claim_stream():
+    pacing = PoolPacing(claim_quiet=0.15, status_interval=0.5)
+    key = ("WarmPool", "ns", "wp")
+    assert pacing.status_wait(*key, now=10.0) is None
+    pacing.status_written(*key, now=10.0)
+    assert pacing.status_wait(*key, now=10.2) == pytest.approx(10.5)
+    assert pacing.status_wait(*key, now=10.5) is None
+    pacing.claim_decided(*key, now=10.6)
+    assert pacing.status_wait(*key, now=10.65) == pytest.approx(10.75)
+
+
+def test_a_deleted_pool_takes_its_pacing_along():
+    pacing = PoolPacing(claim_quiet=0.15, max_refill_defer=30)
+    key = ("Pool", "ns", "p")
+    pacing.claim_decided(*key, now=100.0)
+    assert pacing.refill_wait(*key, now=100.01, ready_idle=5, low_water=1) is not None  # a deferred refill
+    pacing.status_written(*key, now=100.0)
+    pacing.claim_decided("WarmPool", "ns", "p", now=100.0)  # the same name, another kind: another pool
+    assert len(pacing) == 4
+    pacing.pool_gone(*key)
+    assert len(pacing) == 1 and pacing.claims_streaming(*key, now=100.01) is None
+
+
+# ---- SandboxStarts ---------------------------------------------------------------------------------------------------
+def test_a_pod_create_is_trusted_for_its_grace_then_made_again():
+    starts = SandboxStarts()
+    key = ("ns", "sb")
+    assert starts.pod_create_due(key, 0.0)
+    assert starts.pod_created(key, 100.0) == 100.0 + POD_CREATE_GRACE + 1  # when to look again
+    assert not starts.pod_create_due(key, 100.0 + POD_CREATE_GRACE)
+    assert starts.pod_create_due(key, 100.0 + POD_CREATE_GRACE + 0.5)  # lost: make it again
+    starts.pod_seen(key)
+    assert len(starts) == 0
+
+
+def test_an_intermediate_status_settles_from_the_first_time_it_was_held_back():
+    starts = SandboxStarts(settle=0.3)
+    key = ("ns", "sb")
+    assert starts.settle_until(key, 10.0) == pytest.approx(10.3)
+    assert starts.settle_until(key, 10.2) == pytest.approx(10.3)  # not pushed back by later passes
+    assert starts.settle_until(key, 10.3) is None
+    starts.settled(key)
+    assert len(starts) == 0
+    assert SandboxStarts(settle=0).settle_until(key, 10.0) is None  # settling off: write at once, keep nothing
+
+
+def test_a_deleted_sandbox_leaves_no_start_state():
+    starts = SandboxStarts(settle=0.3)
+    starts.pod_created(("ns", "sb"), 1.0)
+    starts.settle_until(("ns", "sb"), 1.0)
+    starts.sandbox_gone(("ns", "sb"))
+    assert len(starts) == 0
+
+
+# ---- NamespaceRepairs ------------------------------------------------------------------------------------------------
+def test_a_terminating_namespace_skips_what_was_made_before_and_is_forgotten_later():
+    repairs = NamespaceRepairs(forget_after=600)
+    repairs.mark_terminating("ns", 1000.0)
+    repairs.mark_terminating("ns", 1050.0)  # the first refusal counts
+    assert repairs.terminating_since("ns", 999.0) and repairs.terminating_since("ns", 1000.0)
+    assert not repairs.terminating_since("ns", 1001.0)  # made after: a re-created namespace
+    assert not repairs.terminating_since("other", 0.0)
+    repairs.mark_terminating("other", 1601.0)  # any later mark forgets the old ones
+    assert not repairs.is_terminating("ns") and repairs.is_terminating("other") and len(repairs) == 1
+
+
+async def test_lost_pod_repairs_in_a_namespace_wait_for_the_first_then_go_together():
+    repairs = NamespaceRepairs()
+    first_in, release = asyncio.Event(), asyncio.Event()
+    order: list[str] = []
+    running = 0
+    peak = 0
+
+    async def repair(who: str, hold: asyncio.Event | None = None) -> None:
+        nonlocal running, peak
+        async with repairs.pod_repair("ns"):
+            running += 1
+            peak = max(peak, running)
+            order.append(who)
+            if hold is not None:
+                first_in.set()
+                await hold.wait()
+            await asyncio.sleep(0.01)
+            running -= 1
+
+    probe = asyncio.create_task(repair("probe", release))
+    await first_in.wait()
+    others = [asyncio.create_task(repair(f"r{i}")) for i in range(5)]
+    await asyncio.sleep(0.05)
+    assert order == ["probe"]  # the rest wait for the repair in flight
+    async with repairs.pod_repair("other-ns"):  # another namespace is not held up
+        pass
+    release.set()
+    await asyncio.gather(probe, *others)
+    assert sorted(order[1:]) == [f"r{i}" for i in range(5)] and peak == 5  # then they run together
+    assert repairs.repairs_in_flight == 0
+
+
+async def test_a_cancelled_waiter_does_not_cancel_the_repair_it_waits_for():
+    repairs = NamespaceRepairs()
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def probe() -> str:
+        async with repairs.pod_repair("ns"):
+            entered.set()
+            await release.wait()
+        return "done"
+
+    async def waiter() -> None:
+        async with repairs.pod_repair("ns"):
+            pass
+
+    p = asyncio.create_task(probe())
+    await entered.wait()
+    w1, w2 = asyncio.create_task(waiter()), asyncio.create_task(waiter())
+    await asyncio.sleep(0.01)
+    w1.cancel()
+    release.set()
+    assert await p == "done"
+    await w2  # still released by the probe
+    assert w1.cancelled() and repairs.repairs_in_flight == 0
+
+
+# ---- TokenBook -------------------------------------------------------------------------------------------------------
+def test_an_installed_claim_token_is_kept_until_taken_back_or_the_sandbox_goes():
+    tokens = TokenBook()
+    tokens.note_installed("ns", "sb", "pod-1", "claim-1")
+    assert tokens.installed("ns", "sb") == ("pod-1", "claim-1")
+    assert tokens.take("ns", "sb") == ("pod-1", "claim-1") and tokens.installed("ns", "sb") is None
+    tokens.note_installed("ns", "sb", "pod-1", "claim-2")
+    tokens.sandbox_gone("ns", "sb", last_in_namespace=False)
+    assert len(tokens) == 0
+
+
+def test_a_key_secret_is_made_once_per_namespace_until_the_namespace_goes_or_empties():
+    tokens = TokenBook()
+    assert tokens.key_secret_needed("ns")
+    tokens.key_secret_made("ns")
+    assert not tokens.key_secret_needed("ns") and tokens.has_key_secret("ns")
+    tokens.sandbox_gone("ns", "sb", last_in_namespace=False)
+    assert not tokens.key_secret_needed("ns")  # other sandboxes still there
+    tokens.sandbox_gone("ns", "sb2", last_in_namespace=True)
+    assert tokens.key_secret_needed("ns")  # the namespace may be deleted and come back
+    tokens.key_secret_made("ns")
+    tokens.namespace_gone("ns")
+    assert tokens.key_secret_needed("ns") and len(tokens) == 0
+
+
+# ---- TemplateSpecs ---------------------------------------------------------------------------------------------------
+def _template(generation: int, spec: dict | None = None) -> dict:
+    return {"metadata": {"namespace": "ns", "name": "t", "uid": "u1", "generation": generation},
+            "spec": spec if spec is not None else catalogue.render("shell").to_k8s()}
+
+
+def test_a_template_spec_is_validated_once_per_generation_and_forgotten_with_the_template():
+    specs = TemplateSpecs()
+    first, h1 = specs.spec(_template(1))
+    again, h2 = specs.spec(_template(1))
+    assert again is first and h1 == h2  # not validated again
+    newer, _ = specs.spec(_template(2))
+    assert newer is not first
+    with pytest.raises(CorralValidationError):
+        specs.spec(_template(3, {"podTemplate": "not a pod"}))
+    assert specs.spec(_template(2))[0] is newer  # the invalid one was not kept in its place
+    specs.template_gone("ns", "t")
+    assert len(specs) == 0
+
+
+# ---- PoolLocks -------------------------------------------------------------------------------------------------------
+async def test_a_pool_lock_serialises_one_pool_and_is_gone_once_nobody_holds_or_waits_for_it():
+    locks = PoolLocks()
+    inside: list[str] = []
+    peak = {"p": 0, "q": 0}
+
+    async def work(pool: str) -> None:
+        async with locks.hold("ns", pool):
+            inside.append(pool)
+            peak[pool] = max(peak[pool], inside.count(pool))
+            await asyncio.sleep(0.01)
+            inside.remove(pool)
+
+    await asyncio.gather(*(work("p") for _ in range(4)), work("q"), work("q"))
+    assert peak == {"p": 1, "q": 1}
+    assert len(locks) == 0
+
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        async with locks.hold("ns", "p"):
+            entered.set()
+            await asyncio.sleep(0.02)
+
+    h = asyncio.create_task(holder())
+    await entered.wait()
+    waiter = asyncio.create_task(work("p"))
+    await asyncio.sleep(0)
+    waiter.cancel()  # a waiter that gives up does not leave its entry behind
+    await asyncio.gather(h, waiter, return_exceptions=True)
+    assert len(locks) == 0
+
+
+# ---- Expectations ----------------------------------------------------------------------------------------------------
+def test_expected_creates_go_when_seen_expired_or_with_their_pool(monkeypatch: pytest.MonkeyPatch):
+    import time
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    creates = Expectations(ttl=60)
+    key = ("WarmPool", "ns", "wp")
+    creates.expect(key, "wp-1")
+    creates.expect(key, "wp-2")
+    assert creates.outstanding(key, set()) == 2
+    assert creates.outstanding(key, {"wp-1"}) == 1
+    clock[0] += 61
+    assert creates.outstanding(key, set()) == 0 and len(creates) == 0  # expired: its key goes too
+    creates.expect(key, "wp-3")
+    creates.forget(key)
+    assert creates.outstanding(key, set()) == 0 and len(creates) == 0
