@@ -11,6 +11,7 @@ from .common import Condition, CorralObject, LocalRef, Model
 from .template import SandboxBlueprint
 
 LaunchType = Literal["Warm", "Cold"]
+SandboxPhase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Terminating"]
 
 
 class SandboxSpec(SandboxBlueprint):
@@ -22,7 +23,7 @@ class SandboxSpec(SandboxBlueprint):
 
 
 class SandboxStatus(Model):
-    phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Terminating"] | None = None
+    phase: SandboxPhase | None = None
     pod_ips: list[str] = Field(default_factory=list, alias="podIPs", description="The pod's IPs.")
     endpoint: str | None = Field(default=None, description="host:port of execd.")
     node_name: str | None = Field(default=None, description="The node the pod runs on.")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import builtins  # Cache has a method named list: its annotations name the type as builtins.list
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import kopf
@@ -17,12 +16,9 @@ import kopf
 from .constants import A_CLAIM_UID, A_LAUNCH, L_CLAIM, L_HASH, L_POOL, L_POOL_KIND, L_SANDBOX, L_TEMPLATE
 from .core.batches import parse_claim_label
 from .planning import Member
+from .views import timestamp
 
-
-def _ts(value: str | None) -> float:
-    if not value:
-        return 0.0
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+_ts = timestamp  # the older name, still imported by reconcile/batches.py
 
 
 def _ready(conditions: list[dict[str, Any]] | None) -> bool:

@@ -291,9 +291,8 @@ async def on_sandbox(namespace: str | None, name: str, labels: Any, **kwargs: An
     if L_POOL in labels:
         context.request(labels.get(L_POOL_KIND, "WarmPool"), namespace, labels[L_POOL])
     claim = labels.get(L_CLAIM)
-    reserved_for = context.reserved.get((namespace, name))
-    if reserved_for is not None and claim:
-        context.reserved.pop((namespace, name), None)  # the cache now shows the adoption
+    if claim:
+        context.claims.adoption_seen(namespace, name)  # the cache now shows the adoption
     batch = parse_claim_label(claim)
     if batch is not None:
         context.request("SandboxBatch", namespace, batch[0])

@@ -14,11 +14,12 @@ from typing import Any
 
 import httpx
 
-from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec, validate
+from corral.api import CorralValidationError, SandboxClaimSpec, SandboxTemplateSpec
+from corral.api.claim import ClaimedSandbox, SandboxClaimStatus
 from corral.execd import wire
 
 from ..builders import owner_ref, retain_patch, sandbox_labels, sandbox_manifest
-from ..cache import _ts
+from ..cache import member_of
 from ..constants import A_CLAIM_UID, A_LAUNCH, L_CLAIM
 from ..context import Context
 from ..core import lifecycle, metrics
@@ -26,6 +27,7 @@ from ..core import vocabulary as v
 from ..core.admission import Refusal, admit_claim, template_env_names
 from ..kube import ignore, status_code
 from ..planning import Member, adoption_candidates
+from ..views import ClaimView, PoolView, SandboxView, TemplateView, checked, status_patch
 from .conditions import now_iso, set_condition
 from .handover import ExecdUnreachable, hand_over, take_back
 
@@ -42,109 +44,105 @@ class ClaimError(Exception):
 
 def admission(spec: SandboxClaimSpec, template: SandboxTemplateSpec) -> Refusal | None:
     """The core's claim admission (env and volume policies) for a SandboxClaim and its template."""
+    if not spec.env and not spec.volume_claim_templates:
+        return None  # the common claim: nothing to admit (and no walk over the template's containers)
     return admit_claim(env=[e.name for e in spec.env], template_env=template_env_names(template.pod_template.spec),
                        env_policy=template.env_vars_injection_policy, volumes=len(spec.volume_claim_templates),
                        volume_policy=template.volume_claim_templates_policy)
 
 
-async def _status(ctx: Context, body: dict[str, Any], patch: dict[str, Any]) -> None:
-    meta = body["metadata"]
-    await ctx.kube.patch("SandboxClaim", meta["name"], meta["namespace"], {"status": patch}, status=True)
-    if patch.get("phase") in (v.BOUND, *v.FINAL_RESOURCE_PHASES):
-        ctx.phase_written[(meta["namespace"], meta["name"])] = patch["phase"]
+async def _status(ctx: Context, claim: ClaimView, **fields: Any) -> None:
+    """Write the claim's status (SandboxClaimStatus fields); a phase that ends its wait is remembered until the watch
+    shows it (see `reconcile_claim`)."""
+    patch = checked(SandboxClaimStatus, status_patch(SandboxClaimStatus, **fields))
+    await ctx.kube.patch("SandboxClaim", claim.name, claim.namespace, {"status": patch}, status=True)
+    if fields.get("phase") in (v.BOUND, *v.FINAL_RESOURCE_PHASES):
+        ctx.claims.phase_written(claim.namespace, claim.name, fields["phase"])
 
 
-async def finish(ctx: Context, body: dict[str, Any], phase: str, reason: str, message: str) -> None:
-    meta, status = body["metadata"], body.get("status") or {}
-    gen = meta.get("generation")
-    conditions = set_condition(status.get("conditions"), v.BOUND, False, reason, message, gen)
+async def finish(ctx: Context, claim: ClaimView, phase: str, reason: str, message: str) -> None:
+    gen = claim.generation
+    conditions = set_condition(claim.conditions, v.BOUND, False, reason, message, gen)
     if phase == v.FAILED:
         conditions = set_condition(conditions, v.FAILED, True, reason, message, gen)
-    metrics.claim_ended((body["spec"].get("poolRef") or {}).get("name", ""), status.get("launchType"), reason)
-    await _status(ctx, body, {"phase": phase, "finishedTime": now_iso(), "observedGeneration": gen,
-                              "conditions": conditions})
-    log.info("claim %s/%s %s: %s (%s)", meta["namespace"], meta["name"], phase, reason, message)
+    metrics.claim_ended(claim.pool_name, claim.launch_type, reason)
+    await _status(ctx, claim, phase=phase, finished_time=now_iso(), observed_generation=gen, conditions=conditions)
+    log.info("claim %s/%s %s: %s (%s)", claim.namespace, claim.name, phase, reason, message)
 
 
 async def reconcile_claim(ctx: Context, ns: str, name: str) -> None:
-    key = (ns, name)
     body = ctx.cache.claim(ns, name)
     if body is None:
-        ctx.bound.pop(key, None)
-        ctx.first_seen.pop(key, None)
-        ctx.phase_written.pop(key, None)
+        ctx.claims.claim_gone(ns, name)
         return
-    meta, status = body["metadata"], body.get("status") or {}
+    claim = ClaimView(body)
     ctx.cancel_at("SandboxClaim", ns, name)  # each pass re-arms only the deadlines still ahead
-    if meta.get("deletionTimestamp"):
+    if claim.deleting:
         return
-    phase = status.get("phase")
-    written = ctx.phase_written.get(key)
-    if written is not None:
-        if written != phase:
-            return  # our own status write is on its way through the watch; acting now would write it twice
-        del ctx.phase_written[key]
+    phase = claim.phase
+    if ctx.claims.awaiting_echo(ns, name, phase):
+        return  # our own status write is on its way through the watch; acting now would write it twice
     now = time.time()
     try:
-        spec = validate(SandboxClaimSpec, body["spec"])
+        spec = ctx.claims.spec(body, keep=phase not in v.FINAL_RESOURCE_PHASES)
     except CorralValidationError as exc:
         if phase not in v.FINAL_RESOURCE_PHASES:
-            await finish(ctx, body, v.FAILED, v.R_INVALID_SPEC, str(exc))
+            await finish(ctx, claim, v.FAILED, v.R_INVALID_SPEC, str(exc))
         return
 
     if phase in v.FINAL_RESOURCE_PHASES:
-        await _after_finish(ctx, body, spec, now)
+        await _after_finish(ctx, claim, spec, now)
         return
     sandbox = ctx.cache.claim_sandbox(ns, name)
     if sandbox is not None:
-        ctx.bound.pop(key, None)
+        ctx.claims.binding_seen(ns, name)
     if phase == v.BOUND:
-        await _bound(ctx, body, spec, sandbox, now)
+        await _bound(ctx, claim, spec, sandbox, now)
         return
     try:
-        await _pending(ctx, body, spec, sandbox, now)
+        await _pending(ctx, claim, spec, sandbox, now)
     except ClaimError as exc:
         await _release_for_failure(ctx, ns, name)
-        await finish(ctx, body, v.FAILED, exc.reason, str(exc))
+        await finish(ctx, claim, v.FAILED, exc.reason, str(exc))
 
 
-async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, sandbox: Member | None,
+async def _pending(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, sandbox: Member | None,
                    now: float) -> None:
-    meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    key = (ns, name)
-    first = ctx.first_seen.setdefault(key, now)
-    deadline = lifecycle.claim_deadline(_ts(meta.get("creationTimestamp")), spec.timeout_seconds)
+    ns, name = claim.key
+    first = ctx.claims.first_seen(ns, name, now)
+    deadline = lifecycle.claim_deadline(claim.created, spec.timeout_seconds)
     kind, pool_name = spec.pool_ref.kind, spec.pool_ref.name
 
-    ctx.claim_decided(kind, ns, pool_name)  # the pool's refill waits for the quiet moment after a claim stream
-    pool = ctx.cache.pool_of_kind(ns, kind, pool_name)
-    template = ctx.cache.template(ns, pool["spec"]["templateRef"]["name"]) if pool else None
-    if pool is None or template is None:
-        what = f"{kind} {pool_name!r}" if pool is None else f"SandboxTemplate {pool['spec']['templateRef']['name']!r}"
+    pool_body = ctx.cache.pool_of_kind(ns, kind, pool_name)
+    pool = None if pool_body is None else PoolView(pool_body)
+    template_body = ctx.cache.template(ns, pool.template_name) if pool else None
+    if pool is None or template_body is None:
+        what = f"{kind} {pool_name!r}" if pool is None else f"SandboxTemplate {pool.template_name!r}"
         if now >= deadline:
             raise ClaimError(v.R_TIMEOUT, f"{what} does not exist in {ns} (waited {spec.timeout_seconds}s)")
-        await _waiting(ctx, body, v.R_POOL_NOT_FOUND if pool is None else v.R_TEMPLATE_NOT_FOUND,
+        await _waiting(ctx, claim, v.R_POOL_NOT_FOUND if pool is None else v.R_TEMPLATE_NOT_FOUND,
                        f"{what} does not exist in {ns}; waiting up to timeoutSeconds")
         ctx.request_at("SandboxClaim", ns, name, deadline)
         return
+    ctx.pacing.claim_decided(kind, ns, pool_name)  # the pool's refill waits for the quiet moment after a claim stream
+    template = TemplateView(template_body)
     try:
-        tspec, bp_hash = ctx.template_spec(template)
+        tspec, bp_hash = ctx.templates.spec(template_body)
     except CorralValidationError as exc:
         raise ClaimError(v.R_INVALID_TEMPLATE, str(exc)) from None
     env = [e.to_k8s() for e in spec.env]
     if refusal := admission(spec, tspec):
         raise ClaimError(refusal.reason, refusal.message)
 
-    bound_name = ctx.bound.get(key)
+    bound_name = ctx.claims.bound_to(ns, name)
     if sandbox is None and bound_name:
         sb = ctx.cache.sandbox(ns, bound_name)
-        sandbox = None if sb is None else _member(sb)
+        sandbox = None if sb is None else member_of(sb)
     if sandbox is not None or bound_name:
         if sandbox is not None and sandbox.ready:
             if env and sandbox.launch_type == v.WARM:
-                await _inject_env(ctx, body, sandbox, env)  # idempotent: covers a restart between adoption and binding
-            await _bind(ctx, body, sandbox, sandbox.launch_type or v.COLD, pool_name, first)
+                await _inject_env(ctx, claim, sandbox, env)  # idempotent: covers a restart between adoption and binding
+            await _bind(ctx, claim, sandbox, sandbox.launch_type or v.COLD, pool_name, first)
         elif now >= deadline:
             raise ClaimError(v.R_TIMEOUT, f"sandbox {sandbox.name if sandbox else bound_name} was not ready "
                                         f"within {spec.timeout_seconds}s")
@@ -155,71 +153,60 @@ async def _pending(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, s
         raise ClaimError(v.R_TIMEOUT, f"no sandbox within {spec.timeout_seconds}s")
 
     if not spec.volume_claim_templates:
-        adopted = await _adopt(ctx, body, kind, pool_name, bp_hash)
+        adopted = await _adopt(ctx, claim, kind, pool_name, bp_hash)
         if adopted is not None:
             if env:
-                await _inject_env(ctx, body, adopted, env)
+                await _inject_env(ctx, claim, adopted, env)
             if spec.additional_pod_metadata.labels or spec.additional_pod_metadata.annotations:
                 md = spec.additional_pod_metadata
                 await ignore({404}, ctx.kube.patch("Pod", adopted.name, ns, {"metadata": {
                     "labels": md.labels, "annotations": md.annotations}}))
-            await _bind(ctx, body, adopted, v.WARM, pool_name, first)
+            await _bind(ctx, claim, adopted, v.WARM, pool_name, first)
             return
-    await _cold(ctx, body, spec, kind, pool, template, tspec, bp_hash, env)
+    await _cold(ctx, claim, spec, pool, template, tspec, bp_hash, env)
     ctx.request(kind, ns, pool_name)  # the pool may have been waiting for this decision to refill
     ctx.request_at("SandboxClaim", ns, name, deadline)
 
 
-def _member(sandbox_body: dict[str, Any]) -> Member:
-    from ..cache import member_of
-
-    return member_of(sandbox_body)
-
-
-async def _waiting(ctx: Context, body: dict[str, Any], reason: str, message: str) -> None:
-    status = body.get("status") or {}
-    gen = body["metadata"].get("generation")
-    conditions = set_condition(status.get("conditions"), v.BOUND, False, reason, message, gen)
-    same_reason = [c for c in status.get("conditions") or [] if c.get("reason") == reason]
-    if status.get("phase") != v.PENDING or same_reason == []:
-        await _status(ctx, body, {"phase": v.PENDING, "observedGeneration": gen, "conditions": conditions})
+async def _waiting(ctx: Context, claim: ClaimView, reason: str, message: str) -> None:
+    gen = claim.generation
+    if claim.phase != v.PENDING or not any(c.get("reason") == reason for c in claim.conditions):
+        conditions = set_condition(claim.conditions, v.BOUND, False, reason, message, gen)
+        await _status(ctx, claim, phase=v.PENDING, observed_generation=gen, conditions=conditions)
 
 
-async def _adopt(ctx: Context, body: dict[str, Any], kind: str, pool: str, bp_hash: str) -> Member | None:
-    meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    reserved = {n for (rns, n) in ctx.reserved if rns == ns}
-    for m in adoption_candidates(ctx.cache.members(ns, kind, pool), bp_hash, reserved):
-        ctx.reserved[(ns, m.name)] = (ns, name)
+async def _adopt(ctx: Context, claim: ClaimView, kind: str, pool: str, bp_hash: str) -> Member | None:
+    ns, name = claim.key
+    for m in adoption_candidates(ctx.cache.members(ns, kind, pool), bp_hash, ctx.claims.reserved_in(ns)):
+        ctx.claims.reserve(ns, m.name, name)
         patch: dict[str, Any] = {"metadata": {
             "resourceVersion": m.resource_version,
             "labels": {L_CLAIM: name},
-            "annotations": {A_LAUNCH: v.WARM, A_CLAIM_UID: meta["uid"]},  # its execd token derives from it
+            "annotations": {A_LAUNCH: v.WARM, A_CLAIM_UID: claim.uid},  # its execd token derives from it
         }}
         if kind == "WarmPool":  # the claim owns it from now on: deleting the claim deletes the sandbox
-            patch["metadata"]["ownerReferences"] = [owner_ref(body)]
+            patch["metadata"]["ownerReferences"] = [owner_ref(claim.body)]
         try:
             await ctx.kube.patch("Sandbox", m.name, ns, patch)
         except Exception as exc:  # noqa: BLE001
-            ctx.reserved.pop((ns, m.name), None)
+            ctx.claims.unreserve(ns, m.name)
             if status_code(exc) in (404, 409, 422):
                 continue  # taken or gone since the cache saw it: next candidate
             raise
-        ctx.bound[(ns, name)] = m.name
+        ctx.claims.bind(ns, name, m.name)
         if kind == "WarmPool":
             ctx.request(kind, ns, pool)  # replenish now, without waiting for the watch event
         return m
     return None
 
 
-async def _inject_env(ctx: Context, body: dict[str, Any], m: Member, env: list[dict[str, str]]) -> None:
+async def _inject_env(ctx: Context, claim: ClaimView, m: Member, env: list[dict[str, str]]) -> None:
     """The claim's env into its warm sandbox's execd, which takes the claim's token first (handover.py)."""
     pod = ctx.cache.pod(m.namespace, m.name)
     if not m.endpoint or pod is None:
         raise ClaimError(v.R_ENV_INJECTION_FAILED, f"sandbox {m.name} has no execd endpoint")
     try:
-        token = await hand_over(ctx, m.namespace, m.name, m.uid, pod.uid, f"http://{m.endpoint}",
-                                body["metadata"]["uid"])
+        token = await hand_over(ctx, m.namespace, m.name, m.uid, pod.uid, f"http://{m.endpoint}", claim.uid)
         resp = await ctx.http().put(f"http://{m.endpoint}{wire.ENV_PATH}",
                                     json={"env": {e["name"]: e.get("value", "") for e in env}, "merge": True},
                                     headers={"Authorization": f"Bearer {token}"}, timeout=5)
@@ -229,53 +216,46 @@ async def _inject_env(ctx: Context, body: dict[str, Any], m: Member, env: list[d
                          f"could not set env in sandbox {m.name} through execd: {exc}") from None
 
 
-async def _bind(ctx: Context, body: dict[str, Any], m: Member, launch: str, pool: str, first_seen: float) -> None:
-    meta = body["metadata"]
-    gen = meta.get("generation")
-    status = body.get("status") or {}
-    await _status(ctx, body, {
-        "phase": v.BOUND,
-        "sandbox": {"name": m.name, "podIPs": list(m.pod_ips), "endpoint": m.endpoint},
-        "launchType": launch,
-        "boundTime": now_iso(),
-        "observedGeneration": gen,
-        "conditions": set_condition(status.get("conditions"), v.BOUND, True, v.R_BOUND,
-                                    f"bound to sandbox {m.name} ({launch.lower()} start)", gen),
-    })
+async def _bind(ctx: Context, claim: ClaimView, m: Member, launch: str, pool: str, first_seen: float) -> None:
+    gen = claim.generation
+    sandbox = status_patch(ClaimedSandbox, name=m.name, pod_ips=list(m.pod_ips), endpoint=m.endpoint)
+    await _status(
+        ctx, claim, phase=v.BOUND, sandbox=sandbox, launch_type=launch, bound_time=now_iso(), observed_generation=gen,
+        conditions=set_condition(claim.conditions, v.BOUND, True, v.R_BOUND,
+                                 f"bound to sandbox {m.name} ({launch.lower()} start)", gen))
     metrics.claim_bound(pool, launch, time.time() - first_seen)
-    ctx.first_seen.pop((meta["namespace"], meta["name"]), None)
+    ctx.claims.decided(claim.namespace, claim.name)
 
 
-async def _cold(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, kind: str, pool: dict[str, Any],
-                template: dict[str, Any], tspec: SandboxTemplateSpec, bp_hash: str, env: list[dict[str, str]]) -> None:
-    if kind == "Pool":
-        async with ctx.pool_lock(body["metadata"]["namespace"], pool["metadata"]["name"]):
-            await _cold_in_pool(ctx, body, spec, pool, template, tspec, bp_hash, env)
+async def _cold(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, pool: PoolView, template: TemplateView,
+                tspec: SandboxTemplateSpec, bp_hash: str, env: list[dict[str, str]]) -> None:
+    if pool.kind == "Pool":
+        async with ctx.pool_locks.hold(pool.namespace, pool.name):
+            await _cold_in_pool(ctx, claim, spec, pool, template, tspec, bp_hash, env)
         return
-    await _cold_create(ctx, body, spec, kind, pool, template, tspec, bp_hash, env)
+    await _cold_create(ctx, claim, spec, pool, template, tspec, bp_hash, env)
 
 
-async def _cold_in_pool(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, pool: dict[str, Any],
-                        template: dict[str, Any], tspec: SandboxTemplateSpec, bp_hash: str,
+async def _cold_in_pool(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, pool: PoolView,
+                        template: TemplateView, tspec: SandboxTemplateSpec, bp_hash: str,
                         env: list[dict[str, str]]) -> None:
     """A cold start inside a Pool counts against poolMax, including creates not yet seen in the cache."""
-    ns, pool_name = pool["metadata"]["namespace"], pool["metadata"]["name"]
+    ns, pool_name = pool.key
     members = ctx.cache.members(ns, "Pool", pool_name)
     in_flight = ctx.creates.outstanding(("Pool", ns, pool_name), {m.name for m in members})
-    pool_max = int((pool["spec"].get("capacity") or {}).get("poolMax", 10))
+    pool_max = pool.pool_max
     if len(members) + in_flight >= pool_max:
-        await _waiting(ctx, body, v.R_POOL_EXHAUSTED, f"Pool {pool_name} is at poolMax ({pool_max}); waiting")
+        await _waiting(ctx, claim, v.R_POOL_EXHAUSTED, f"Pool {pool_name} is at poolMax ({pool_max}); waiting")
         return
-    created = await _cold_create(ctx, body, spec, "Pool", pool, template, tspec, bp_hash, env)
+    created = await _cold_create(ctx, claim, spec, pool, template, tspec, bp_hash, env)
     ctx.creates.expect(("Pool", ns, pool_name), created)
 
 
-async def _cold_create(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, kind: str, pool: dict[str, Any],
-                       template: dict[str, Any], tspec: SandboxTemplateSpec, bp_hash: str,
+async def _cold_create(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, pool: PoolView,
+                       template: TemplateView, tspec: SandboxTemplateSpec, bp_hash: str,
                        env: list[dict[str, str]]) -> str:
-    meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    blueprint = copy.deepcopy(template["spec"])
+    ns, name = claim.key
+    blueprint = copy.deepcopy(template.spec)
     pod_template = blueprint["podTemplate"]
     main = pod_template["spec"]["containers"][0]
     if env:
@@ -291,18 +271,18 @@ async def _cold_create(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpe
             blueprint["volumeClaimTemplates"] = extra
         else:
             blueprint["volumeClaimTemplates"] = list(blueprint.get("volumeClaimTemplates") or []) + extra
-    tname = template["metadata"]["name"]
-    if kind == "Pool":
-        labels = sandbox_labels(tname, pool=pool["metadata"]["name"], pool_kind="Pool", claim=name, bp_hash=bp_hash)
-        owner = owner_ref(pool)
+    tname = template.name
+    if pool.kind == "Pool":
+        labels = sandbox_labels(tname, pool=pool.name, pool_kind="Pool", claim=name, bp_hash=bp_hash)
+        owner = owner_ref(pool.body)
     else:
         labels = sandbox_labels(tname, claim=name, bp_hash=bp_hash)
-        owner = owner_ref(body)
-    sandbox_name = f"{name}-{meta['uid'][:5]}"
+        owner = owner_ref(claim.body)
+    sandbox_name = f"{name}-{claim.uid[:5]}"
     manifest = sandbox_manifest(name=sandbox_name, namespace=ns, template_name=tname, blueprint=blueprint,
-                                labels=labels, owner=owner, annotations={A_LAUNCH: v.COLD, A_CLAIM_UID: meta["uid"]})
+                                labels=labels, owner=owner, annotations={A_LAUNCH: v.COLD, A_CLAIM_UID: claim.uid})
     await ignore({409}, ctx.kube.create(manifest))
-    ctx.bound[(ns, name)] = sandbox_name
+    ctx.claims.bind(ns, name, sandbox_name)
     return sandbox_name
 
 
@@ -313,22 +293,21 @@ async def _still_there(ctx: Context, ns: str, sandbox: str, claim: str) -> bool:
         obj = await ctx.kube.get("Sandbox", sandbox, ns)
     except Exception as exc:  # noqa: BLE001 - 404 is the answer; anything else: don't fail the claim on a hunch
         return status_code(exc) != 404
-    meta = obj.get("metadata") or {}
-    return not meta.get("deletionTimestamp") and (meta.get("labels") or {}).get(L_CLAIM) == claim
+    live = SandboxView(obj)
+    return not live.deleting and live.claim_label == claim
 
 
-async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, sandbox: Member | None,
+async def _bound(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, sandbox: Member | None,
                  now: float) -> None:
-    meta, status = body["metadata"], body.get("status") or {}
-    ns, name = meta["namespace"], meta["name"]
+    ns, name = claim.key
     shutdown = spec.lifecycle.shutdown_time.timestamp() if spec.lifecycle.shutdown_time else 0.0
     policy = spec.lifecycle.shutdown_policy
     if sandbox is None:
-        expected = (status.get("sandbox") or {}).get("name")
-        if (ns, name) in ctx.bound:
+        expected = claim.sandbox_name
+        if ctx.claims.is_bound(ns, name):
             return  # our own adoption, not reported by the watch yet
         if lifecycle.due(shutdown or None, now):
-            await finish(ctx, body, v.FINISHED, v.R_SHUTDOWN_TIME, f"shut down at shutdownTime ({policy})")
+            await finish(ctx, claim, v.FINISHED, v.R_SHUTDOWN_TIME, f"shut down at shutdownTime ({policy})")
             return
         if expected and await _still_there(ctx, ns, expected, name):
             # The index is behind the cluster: kopf re-lists one watch stream at a time (after a 410 Gone, say), so
@@ -336,7 +315,7 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
             # sandbox's own watch event will bring the claim back; check again soon regardless.
             ctx.request_at("SandboxClaim", ns, name, now + 1.0)
             return
-        await finish(ctx, body, v.FAILED, v.R_SANDBOX_LOST,
+        await finish(ctx, claim, v.FAILED, v.R_SANDBOX_LOST,
                      f"sandbox {expected} was deleted while the claim was bound")
         return
     if not shutdown:
@@ -348,35 +327,35 @@ async def _bound(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, san
         await take_back(ctx, ns, sandbox.name, sandbox.uid, sandbox.claim_uid)  # the claim's token dies with it
         patch = retain_patch(name, spec.pool_ref.name, now_iso())
         await ignore({404}, ctx.kube.patch("Sandbox", sandbox.name, ns, patch))
-        await finish(ctx, body, v.FINISHED, v.R_SHUTDOWN_TIME, f"shutdownTime reached; sandbox {sandbox.name} retained")
+        await finish(ctx, claim, v.FINISHED, v.R_SHUTDOWN_TIME,
+                     f"shutdownTime reached; sandbox {sandbox.name} retained")
     elif policy == "DeleteForeground":
         if not sandbox.deleting:
             await ignore({404}, ctx.kube.delete("Sandbox", sandbox.name, ns, foreground=True))
         # Finished once the sandbox is gone (its deletion event brings us back here).
     else:
         await ignore({404}, ctx.kube.delete("Sandbox", sandbox.name, ns))
-        await finish(ctx, body, v.FINISHED, v.R_SHUTDOWN_TIME, f"shutdownTime reached; sandbox {sandbox.name} deleted")
+        await finish(ctx, claim, v.FINISHED, v.R_SHUTDOWN_TIME,
+                     f"shutdownTime reached; sandbox {sandbox.name} deleted")
 
 
-async def _after_finish(ctx: Context, body: dict[str, Any], spec: SandboxClaimSpec, now: float) -> None:
+async def _after_finish(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, now: float) -> None:
     ttl = spec.lifecycle.ttl_seconds_after_finished
     if ttl is None:
         return
-    meta = body["metadata"]
-    finished = _ts((body.get("status") or {}).get("finishedTime")) or now
-    expiry = lifecycle.finished_expiry(finished, ttl)
+    expiry = lifecycle.finished_expiry(claim.finished_at or now, ttl)
     if lifecycle.due(expiry, now):
-        log.info("claim %s/%s: ttlSecondsAfterFinished passed; deleting", meta["namespace"], meta["name"])
-        await ignore({404, 409}, ctx.kube.delete("SandboxClaim", meta["name"], meta["namespace"], uid=meta["uid"]))
+        log.info("claim %s/%s: ttlSecondsAfterFinished passed; deleting", claim.namespace, claim.name)
+        await ignore({404, 409}, ctx.kube.delete("SandboxClaim", claim.name, claim.namespace, uid=claim.uid))
     else:
-        ctx.request_at("SandboxClaim", meta["namespace"], meta["name"], expiry)
+        ctx.request_at("SandboxClaim", claim.namespace, claim.name, expiry)
 
 
 async def _release_for_failure(ctx: Context, ns: str, name: str) -> None:
     """A failed claim holds no sandbox: delete one made or adopted for it (Pool members are recycled by their pool)."""
     m = ctx.cache.claim_sandbox(ns, name)
-    sandbox_name = m.name if m else ctx.bound.get((ns, name))
-    ctx.bound.pop((ns, name), None)
+    sandbox_name = m.name if m else ctx.claims.bound_to(ns, name)
+    ctx.claims.unbind(ns, name)
     if not sandbox_name:
         return
     if m is not None and m.pool_kind == "Pool":

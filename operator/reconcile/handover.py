@@ -2,7 +2,7 @@
 
 In: on the claim's first use of execd (the claims API's first proxied call, or the env a warm claim brings), not at
 bind, so a warm claim costs no execd round trip and no API write more than before; a later use finds it in
-`Context.installed` (a dict lookup). Out: when the claim ends and its sandbox lives on (a Pool's Noop recycling, a
+`Context.tokens` (a dict lookup). Out: when the claim ends and its sandbox lives on (a Pool's Noop recycling, a
 Retain), execd goes back to the pod's idle token and forgets the claim's env. A sandbox whose execd cannot be made
 to let go of a claim's token has its pod deleted (the repair starts a new pod, with a new idle token).
 """
@@ -18,6 +18,7 @@ from corral.execd import wire
 from ..context import Context
 from ..kube import ignore
 from ..tokens import claim_token, idle_token, legacy_token
+from ..views import SandboxView
 
 log = logging.getLogger("corral.operator.handover")
 
@@ -47,14 +48,13 @@ async def hand_over(ctx: Context, ns: str, sandbox: str, sandbox_uid: str, pod_u
     """The claim's token, in execd: put in from the pod's idle token the first time (or found there already, after
     an operator restart). Raises ExecdUnreachable."""
     token = claim_token(ctx.token_key, ns, sandbox, sandbox_uid, claim_uid)
-    key = (ns, sandbox)
-    if ctx.installed.get(key) == (pod_uid, claim_uid):
+    if ctx.tokens.installed(ns, sandbox) == (pod_uid, claim_uid):
         return token
     idle = idle_token(ctx.token_key, ns, sandbox, pod_uid)
     legacy = legacy_token(ctx.token_key, ns, sandbox, sandbox_uid)  # a pod made before per-claim tokens
     if not await _put_token(ctx, url, [idle, token, legacy], token):
         raise ExecdUnreachable(f"execd of sandbox {sandbox} refused both its idle token and the claim's")
-    ctx.installed[key] = (pod_uid, claim_uid)
+    ctx.tokens.note_installed(ns, sandbox, pod_uid, claim_uid)
     return token
 
 
@@ -62,13 +62,12 @@ async def take_back(ctx: Context, ns: str, sandbox: str, sandbox_uid: str, claim
     """The claim is over but the sandbox stays: its execd goes back to the pod's idle token, with no claim env. If
     execd does not answer while it may hold the claim's token (this process put it in), the pod is deleted: the
     repair's new pod starts with a new idle token."""
-    key = (ns, sandbox)
-    installed = ctx.installed.pop(key, None)
+    installed = ctx.tokens.take(ns, sandbox)
     pod = ctx.cache.pod(ns, sandbox)
     body = ctx.cache.sandbox(ns, sandbox)
     if pod is None or pod.deleting or not pod.pod_ips or body is None:
         return  # no pod, or a new one on its way: it starts with its own idle token
-    port = int(((body.get("spec") or {}).get("execd") or {}).get("port", wire.PORT))
+    port = SandboxView(body).execd_port
     ip = pod.pod_ips[0]
     url = f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
     idle = idle_token(ctx.token_key, ns, sandbox, pod.uid)

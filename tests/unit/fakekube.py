@@ -284,7 +284,7 @@ class Operator:
             elif kind == "Sandbox":
                 keys = sandbox_keys(ns, name, labels, body)
                 if labels.get(L_CLAIM):
-                    self.ctx.reserved.pop((ns, name), None)
+                    self.ctx.claims.adoption_seen(ns, name)
             elif kind == "Pod" and L_SANDBOX in labels and labels.get(L_MANAGED_BY) == MANAGED_BY:
                 keys = {(ns, labels[L_SANDBOX]): PodInfo.of(body)}
             else:

@@ -94,4 +94,4 @@ def test_a_pod_from_before_per_claim_tokens_is_handed_over_from_its_old_token():
     finally:
         loop.close()
     assert token == held["token"] == tokens.claim_token(SECRET, "ns", "sbx", "sbx-uid", "claim-uid")
-    assert ctx.installed[("ns", "sbx")] == ("pod-uid", "claim-uid")
+    assert ctx.tokens.installed("ns", "sbx") == ("pod-uid", "claim-uid")

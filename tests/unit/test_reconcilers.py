@@ -93,7 +93,7 @@ def claimed_by(fake: FakeKube, sandbox: str) -> str | None:
 
 
 def bp_hash_of(op: Operator) -> str:
-    return op.ctx.template_spec(op.kube.objects[("SandboxTemplate", NS, TEMPLATE)])[1]
+    return op.ctx.templates.spec(op.kube.objects[("SandboxTemplate", NS, TEMPLATE)])[1]
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ async def test_two_claims_racing_for_one_warm_sandbox_the_loser_gets_409_and_ado
     for claim, sandbox in (("c1", "wp-old"), ("c2", "wp-new")):
         status = claim_status(fake, claim)
         assert (status["phase"], status["sandbox"]["name"], status["launchType"]) == ("Bound", sandbox, "Warm")
-    assert ("team", "wp-old") not in second.ctx.reserved  # the lost candidate is not held back
+    assert not second.ctx.claims.is_reserved("team", "wp-old")  # the lost candidate is not held back
     assert fake.made("create") == []  # nobody went cold
     # Each sandbox owned by its claim now: deleting the claim deletes it, the pool no longer does.
     assert [r["name"] for r in fake.objects[("Sandbox", NS, "wp-new")]["metadata"]["ownerReferences"]] == ["c2"]
@@ -359,7 +359,7 @@ async def test_lost_pods_in_a_namespace_being_deleted_cost_one_refused_create() 
     assert [(c.kind, c.code) for c in fake.made("create")] == [("Secret", 403)]
     assert len(fake.made("get")) == 1  # the first repair's check that its sandbox is still there
     assert fake.writes() == fake.made("create")  # and no status written for sandboxes about to go
-    assert NS in op.ctx.terminating
+    assert op.ctx.namespaces.is_terminating(NS)
 
 
 async def test_lost_pods_after_a_node_loss_are_all_repaired() -> None:
@@ -369,7 +369,7 @@ async def test_lost_pods_after_a_node_loss_are_all_repaired() -> None:
 
     assert sorted(c.name for c in fake.made("create", "Pod", ok=True)) == [f"p-{i}" for i in range(5)]
     assert len(fake.made("create", "Secret")) == 1  # the namespace's execd key, once
-    assert NS not in op.ctx.terminating
+    assert not op.ctx.namespaces.is_terminating(NS)
 
 
 # ---- a failing refill ---------------------------------------------------------------------------------------------
@@ -392,3 +392,61 @@ async def test_a_refill_stops_at_the_first_failed_batch_and_says_why(code: int, 
     ready = {c["type"]: c for c in fake.find("WarmPool", NS, "wp")["status"]["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "CreateFailed")
     assert ready["message"] == "admission webhook said no"
+
+
+# ---- nothing outlives what it is about ------------------------------------------------------------------------------
+def _kept(op: Operator) -> dict[str, int]:
+    ctx = op.ctx
+    books = {"claims": ctx.claims, "pacing": ctx.pacing, "starts": ctx.starts, "namespaces": ctx.namespaces,
+             "tokens": ctx.tokens, "templates": ctx.templates, "pool_locks": ctx.pool_locks, "creates": ctx.creates}
+    return {name: len(book) for name, book in books.items() if len(book)}
+
+
+async def test_the_in_flight_state_of_claims_sandboxes_pools_and_templates_goes_with_them() -> None:
+    fake = FakeKube()
+    put_template(fake)
+    wp = put_warmpool(fake, replicas=3)
+    op = Operator(fake, {"claim_quiet": 0.0, "sandbox_settle": 0.0})
+    h = bp_hash_of(op)
+    put_member(fake, wp, h, "wp-a", ip="127.0.0.1", created=time.time() - 60)
+    put_member(fake, wp, h, "wp-b", ip="127.0.0.2")
+    op.sync()
+    await reconcile_warmpool(op.ctx, NS, "wp")  # refills one (an expected create) and writes its status
+    (new,) = {o["metadata"]["name"] for o in fake.of_kind("Sandbox")} - {"wp-a", "wp-b"}
+    op.sync()
+    await reconcile_sandbox(op.ctx, NS, new)  # its pod (a pod create awaiting the watch) and the namespace's key
+    put_claim(fake, "c1")
+    op.sync()
+    await reconcile_claim(op.ctx, NS, "c1")  # adopts wp-a: reserved, bound, its Bound phase awaiting the watch
+    assert set(_kept(op)) == {"claims", "pacing", "starts", "tokens", "templates", "creates"}
+
+    # The claim and the pool are deleted before the watch reported any of that (wp-a's labelled event never came).
+    fake.remove("SandboxClaim", NS, "c1")
+    fake.remove("WarmPool", NS, "wp")
+    fake.remove("SandboxTemplate", NS, TEMPLATE)
+    op.sync()
+    assert fake.of_kind("Sandbox") == []
+    await reconcile_claim(op.ctx, NS, "c1")
+    for sandbox in ("wp-a", "wp-b", new):
+        await reconcile_sandbox(op.ctx, NS, sandbox)
+    await reconcile_warmpool(op.ctx, NS, "wp")
+    from corral.operator.reconcile.templates import reconcile_template
+    await reconcile_template(op.ctx, NS, TEMPLATE)
+
+    assert _kept(op) == {}
+
+
+async def test_a_pod_in_phase_unknown_reports_its_sandbox_pending_not_a_phase_the_crd_refuses() -> None:
+    fake = FakeKube()
+    put_template(fake)
+    wp = put_warmpool(fake, replicas=1)
+    op = Operator(fake, {"sandbox_settle": 0.0})
+    put_member(fake, wp, bp_hash_of(op), "wp-a", ip="127.0.0.1")
+    fake.objects[("Pod", NS, "wp-a")]["status"] = {"phase": "Unknown", "podIP": "127.0.0.1",
+                                                   "podIPs": [{"ip": "127.0.0.1"}], "reason": "NodeLost"}
+    op.sync()
+    await reconcile_sandbox(op.ctx, NS, "wp-a")
+    status = fake.find("Sandbox", NS, "wp-a")["status"]
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (status["phase"], ready["status"], ready["reason"], ready["message"]) == (
+        "Pending", "False", "PodUnknown", "NodeLost")
