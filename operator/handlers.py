@@ -35,6 +35,7 @@ log = logging.getLogger("corral.operator")
 
 STATE: dict[str, Context] = {}
 STATE_TASKS: dict[str, asyncio.Task[None]] = {}
+WATCH_GRACE = 60.0  # seconds past a watch's server timeout before the operator gives the stream up as dead
 
 RECONCILERS = {
     "SandboxTemplate": reconcile_template,
@@ -80,7 +81,13 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # no "handler succeeded" line per watch event
     for noisy in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # no line per API request
+    # Watch streams end at the API server after server_timeout, and client-side WATCH_GRACE later at most (a dead
+    # connection). Not at kopf's inactivity timeout (70 s without an event): on a kind where nothing changes this API
+    # server sends no bookmark either, so every idle kind's watch was re-opened every 70 s - requests for nothing,
+    # while a batch's tasks run (the operator makes none then: tests/kube/test_operator_batches_at_scale.py).
     settings.watching.server_timeout = 600
+    settings.watching.client_timeout = 600 + WATCH_GRACE
+    settings.watching.inactivity_timeout = 600 + WATCH_GRACE  # never before the server timeout
     # No cap on kopf's per-object workers (our reconciles are bounded by the WorkQueue): with a cap, an operator
     # starting with more objects of one kind than the cap deadlocked (the first workers wait for every index to be
     # filled, the rest of the initial listing waits for a free worker).
