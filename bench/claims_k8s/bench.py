@@ -21,8 +21,9 @@ Phases (all by default, in this order; --only runs a subset, each one alone if n
   burst         300 warm claims at once; operator CPU per claim; p90 over the control-plane floor -> warm_burst
   cold          20 claims from an empty pool -> cold_sequential
   sustained     claims created at --rate per second for --duration s (open loop), each deleted 1 s after it is
-                Bound, one run per rate: per-second latency, operator CPU and RSS, backlog, API writes per claim
-                -> sustained (a list, one entry per rate) and <name>-sustained.png (issue 18)
+                Bound, one run per rate (stopped early once 10 s of claims wait unbound): per-second latency,
+                operator CPU and RSS, backlog, API writes per claim -> sustained (a list, one entry per rate) and
+                <name>-sustained.png (issue 18)
   rss           operator RSS with 1,000 sandboxes -> operator_rss
 
 Results: claims-k8s.json/.png for a full run; a run with --only or --quick writes claims-k8s-<phases>[-quick].json
@@ -428,7 +429,7 @@ def main() -> None:
                         "replicas": replicas, "templateRef": {"name": "py"}}}), namespace=rns)
                     run = asyncio.run(openloop.sustained(
                         args.kubeconfig, rns, "steady", replicas, rate, duration, args.hold, op.proc.pid, op.writes,
-                        max_backlog=int(rate * 30)))
+                        max_backlog=int(rate * 10)))
                     run["namespace_deleted_s"] = drop_namespace(client, rns, 300)
                     runs.append(run)
                     print("sustained", {k: v for k, v in run.items() if k != "series"}, flush=True)

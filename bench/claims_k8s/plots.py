@@ -83,15 +83,18 @@ def plot_sustained(runs: list[dict], path: Path) -> None:
         cpu.plot(t, [r.get("kube-apiserver_cpu_pct") for r in s], color=c, linestyle=":", label=f"{tag} apiserver")
         cpu.plot(t, [r["machine_busy_pct"] for r in s], color=c, linestyle="-.", alpha=0.4,
                  label=f"{tag} machine (all)")
+        cpu.plot(t, [r.get("operator_runq_wait_pct") for r in s], color=c, linestyle="--", alpha=0.6,
+                 label=f"{tag} operator waiting for a core")
         rss.plot(t, [r["operator_rss_mib"] for r in s], color=c, label=tag)
         backlog.plot(t, [r["backlog"] for r in s], color=c, label=f"{tag} backlog")
         backlog.plot(t, [r["pool_idle"] for r in s], color=c, linestyle=":", label=f"{tag} pool idle")
+        backlog.plot(t, [r.get("bound_per_s") for r in s], color=c, linestyle="-.", alpha=0.5, label=f"{tag} bound/s")
     lat.axhline(200, color="grey", linestyle=":", label="p99 goal")
     lat.set_yscale("log")
     lat.set_ylabel("claim ADDED -> Bound (ms)\nclaims scheduled that second")
     cpu.set_ylabel("CPU % (200 = 2 cores)")
     rss.set_ylabel("operator RSS (MiB)")
-    backlog.set_ylabel("claims not yet Bound /\nidle pool sandboxes")
+    backlog.set_ylabel("claims not yet Bound,\nidle pool sandboxes, bound/s")
     backlog.set_xlabel("seconds since the first claim")
     for ax in axes:
         ax.legend(fontsize=7, loc="upper left", ncol=3)
