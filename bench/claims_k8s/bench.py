@@ -352,7 +352,7 @@ def main() -> None:
         phase_load["ceiling"] = list(os.getloadavg())
         results["apiserver_ceiling"] = asyncio.run(apiserver_ceiling(args.kubeconfig, ns, burst_n))
         print("apiserver_ceiling", results["apiserver_ceiling"], flush=True)
-    op = Operator(args.kubeconfig, out / f"{name}-operator.log")
+    op = Operator(args.kubeconfig, out / "operator.log")  # git-ignored
     extra_ns: list[str] = []
     watch: ClaimWatch | None = None
     fill_ready = False

@@ -11,17 +11,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot(results: dict, path: Path) -> None:
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.6), gridspec_kw={"width_ratios": [3, 2]})
     refilling = [results.get("warm_spaced_refilling") or {}, *(results.get("warm_spaced_refilling_other_intervals")
                                                                 or [])]
     rows = [(label, r) for label, r in (
-        ("warm seq", results.get("warm_sequential")), ("warm spaced\n(quiet)", results.get("warm_spaced")),
-        *((f"warm every {r.get('interval_s', 0):g}s\n(open loop)", r) for r in refilling),
-        ("warm burst", results.get("warm_burst")), ("cold seq", results.get("cold_sequential")))
+        ("warm\nseq", results.get("warm_sequential")), ("warm\nspaced", results.get("warm_spaced")),
+        *((f"warm\nevery {r.get('interval_s', 0):g}s", r) for r in refilling),
+        ("warm\nburst", results.get("warm_burst")), ("cold\nseq", results.get("cold_sequential")))
         if r and r.get("p50_ms") is not None]
     for run in results.get("sustained") or []:
         if run["bind"].get("p50_ms") is not None:
-            rows.append((f"sustained\n{run['rate_per_s']:g}/s", run["bind"]))
+            rows.append((f"steady\n{run['rate_per_s']:g}/s", run["bind"]))
     x = range(len(rows))
     for i, q in enumerate(("p50_ms", "p90_ms", "p99_ms")):
         ax1.bar([j + i * 0.27 for j in x], [r[q] for _, r in rows], width=0.27, label=q.replace("_ms", ""))
@@ -33,8 +33,8 @@ def plot(results: dict, path: Path) -> None:
     ax1.axhline(25, color="grey", linestyle=":", label="warm p50 goal")
     ceiling = results.get("apiserver_ceiling") or {}
     labels = [n for n, _ in rows]
-    if ceiling.get("claim_path_seconds") and "warm burst" in labels:  # the burst's writes, control plane alone
-        ax1.scatter([labels.index("warm burst") + 0.27], [ceiling["claim_path_seconds"] * 1000], marker="_", s=900,
+    if ceiling.get("claim_path_seconds") and "warm\nburst" in labels:  # the burst's writes, control plane alone
+        ax1.scatter([labels.index("warm\nburst") + 0.27], [ceiling["claim_path_seconds"] * 1000], marker="_", s=900,
                     color="black", zorder=3, label="burst writes, control plane alone")
     ax1.legend(fontsize=7, loc="upper left")
     bars = []
