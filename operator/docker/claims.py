@@ -58,10 +58,10 @@ def to_api(c: ClaimRow) -> Claim:
 
 class Claims:
     def __init__(self, settings: Settings, desired: Callable[[], DesiredState], store: Store, client: Any,
-                 runner: Runner, sandboxes: Sandboxes, wake: Wake):
+                 runner: Runner, sandboxes: Sandboxes, wake: Wake, cold: asyncio.Semaphore):
+        """`cold` bounds cold starts (shared with the batches')."""
         self.s, self.desired, self.store, self.client = settings, desired, store, client
-        self.runner, self.sandboxes, self.wake = runner, sandboxes, wake
-        self.cold_sem = asyncio.Semaphore(settings.max_cold_creates)
+        self.runner, self.sandboxes, self.wake, self.cold_sem = runner, sandboxes, wake, cold
         self._waiters: dict[str, asyncio.Event] = {}  # per claim waiting for its sandbox
         self._checking: set[str] = set()              # claims whose execd did not answer the proxy
         self._deadline = asyncio.Event()
@@ -186,8 +186,7 @@ class Claims:
         if row.claim:
             await self.runner.run(self.store.update_claim, row.claim, phase="Failed", sandbox=None, message=why)
             self.notify(row.claim)
-        await self.runner.run(self.store.update_sandbox, row.name, state="deleting", claim=None)
-        await self.sandboxes.delete(row.name)
+        await self.sandboxes.discard(row.name)
 
     async def _wait(self, name: str, timeout: float) -> Claim:
         ev = self._waiters.setdefault(name, asyncio.Event())
@@ -234,29 +233,15 @@ class Claims:
             metrics.claim_ended(c.pool, c.launch_type, vocab.R_SHUTDOWN_TIME)
 
     async def release(self, name: str, claim: ClaimRow) -> None:
-        """A claim ended: retain, recycle into its Pool (Restart/Noop), or delete the sandbox."""
-        run = self.runner.run
-        row = await run(self.store.sandbox, name)
-        if row is None:
-            return
+        """A claim ended: retain the sandbox (shutdownPolicy Retain), or release it (recycled into its Pool, or
+        deleted: Sandboxes.release)."""
         if claim.shutdown_policy == "Retain":
-            await run(self.store.update_sandbox, name, state="retained", claim=None, pool=None,
-                      retained_from=claim.name, retained_pool=row.pool, retained_at=now())
+            row = await self.runner.run(self.store.sandbox, name)
+            if row is not None:
+                await self.runner.run(self.store.update_sandbox, name, state="retained", claim=None, pool=None,
+                                      retained_from=claim.name, retained_pool=row.pool, retained_at=now())
             return
-        desired = self.desired()
-        found = desired.pool(row.pool) if row.pool else None
-        spec = found[1] if found else None
-        tmpl_hash = desired.template(template_of(spec)).blueprint_hash() if spec else None
-        if isinstance(spec, Pool) and spec.spec.recycle_strategy != "Delete" and row.hash == tmpl_hash \
-                and row.image == desired.template(template_of(spec)).image:
-            try:
-                await self.sandboxes.recycle(row, spec.spec.recycle_strategy, claim)
-                self.wake(row.pool)
-                return
-            except Exception as exc:  # noqa: BLE001 - fall back to delete
-                log.warning("recycling %s failed (%s); deleting it", name, exc)
-        await run(self.store.update_sandbox, name, state="deleting", claim=None)
-        await self.sandboxes.delete(name)
+        await self.sandboxes.release(name, claim)
 
     # --- the sandbox of a Ready claim -------------------------------------------------------------------------------
     async def ready_sandbox(self, name: str, phases: tuple[str, ...] = ("Ready",)) -> tuple[ClaimRow, SandboxRow]:

@@ -95,10 +95,16 @@ def plan_round(desired: DesiredState, pool: str, rows: Sequence[SandboxRow], now
 
 
 class Wake:
-    """One event per pool worker: set to make the worker plan again."""
+    """One event per pool worker: set to make the worker plan again. Listeners (`listen`) hear of every wake too
+    (batches waiting for room in a pool)."""
 
     def __init__(self) -> None:
         self.events: dict[str, asyncio.Event] = {}
+        self._listeners: list[Callable[[str | None], None]] = []
+
+    def listen(self, listener: Callable[[str | None], None]) -> None:
+        """`listener(pool)` on every wake of a pool (None: of every pool)."""
+        self._listeners.append(listener)
 
     def event(self, pool: str) -> asyncio.Event:
         """The pool's event, made (and set, so a new worker plans at once) the first time."""
@@ -112,6 +118,8 @@ class Wake:
         for name, ev in self.events.items():
             if pool is None or name == pool:
                 ev.set()
+        for listener in self._listeners:
+            listener(pool)
 
 
 class PoolWorkers:

@@ -3,8 +3,9 @@
 engine and the store at start-up and whenever the event stream comes back (dockerd restarted).
 
 The event stream is read on a thread of its own (the docker SDK's stream blocks); each event becomes a task on the
-runtime's loop. What a lost sandbox means for its claim is the claims side's (Claims.lose, restart_cold,
-execd_unreachable); what it means for its pool is a wake of the pool's worker."""
+runtime's loop. What a lost sandbox means for its holder is the holder's: a claim's (Claims.lose, restart_cold,
+execd_unreachable) or a batch index's (Batches.sandbox_lost, start_cut_short; an index's execd that stops answering
+is noticed by its task's follower); what it means for its pool is a wake of the pool's worker."""
 
 from __future__ import annotations
 
@@ -15,22 +16,25 @@ import time
 from functools import partial
 from typing import Any
 
+from corral.operator.core.batches import parse_claim_label
+
 from . import engine
+from .batches import Batches
 from .claims import Claims
 from .pools import Wake
 from .runner import Runner
 from .sandboxes import Sandboxes
 from .settings import Settings
-from .store import Store
+from .store import SandboxRow, Store
 
 log = logging.getLogger("corral.operator.docker")
 
 
 class Recovery:
     def __init__(self, settings: Settings, store: Store, client: Any, runner: Runner, sandboxes: Sandboxes,
-                 claims: Claims, wake: Wake):
+                 claims: Claims, batches: Batches, wake: Wake):
         self.s, self.store, self.client, self.runner = settings, store, client, runner
-        self.sandboxes, self.claims, self.wake = sandboxes, claims, wake
+        self.sandboxes, self.claims, self.batches, self.wake = sandboxes, claims, batches, wake
         self._stopping = threading.Event()
 
     def start(self) -> None:
@@ -86,7 +90,7 @@ class Recovery:
             running = "gone"
         if running in ("running", "paused"):
             return
-        await self.claims.lose(row, "the sandbox container exited")
+        await self.lose(row, "the sandbox container exited")
 
     async def on_unhealthy(self, name: str) -> None:
         """The engine's probe found nothing listening on execd's port, HEALTH_RETRIES times an interval apart: its
@@ -103,8 +107,16 @@ class Recovery:
                 await self.sandboxes.delete(name)
                 return
             row = await self.runner.run(self.store.sandbox, name)  # bound meanwhile: its claim's check decides
-        if row is not None and row.state == "ready" and row.claim:
+        if row is not None and row.state == "ready" and row.claim and parse_claim_label(row.claim) is None:
             self.claims.execd_unreachable(row.claim)
+
+    async def lose(self, row: SandboxRow, why: str) -> None:
+        """A sandbox is lost: its holder fails (a claim, or a batch's index) and it is deleted."""
+        if parse_claim_label(row.claim) is not None:
+            await self.batches.sandbox_lost(row, why)
+            await self.sandboxes.discard(row.name)
+        else:
+            await self.claims.lose(row, why)
 
     async def resync(self, wake: bool = False) -> None:
         """Rebuild the runtime's view from the engine (labelled containers) and the store; run at start and after
@@ -124,13 +136,14 @@ class Recovery:
                 await run(engine.remove, self.client, row.name, op="remove")
                 await run(self.store.remove_sandbox, row.name)
             elif row.state == "creating":  # a cold start cut short: start it again
+                await self.batches.start_cut_short(row)  # a batch index's (a claim's: below)
                 await run(engine.remove, self.client, row.name, op="remove")
                 await run(self.store.remove_sandbox, row.name)
             elif not alive:
                 if row.state == "retained":
                     await run(self.store.remove_sandbox, row.name)
                 else:
-                    await self.claims.lose(row, "the sandbox container is gone (engine restarted or removed)")
+                    await self.lose(row, "the sandbox container is gone (engine restarted or removed)")
             elif c is not None and engine.health_of(c.attrs) == "unhealthy":  # went by while the stream was down
                 await self.on_unhealthy(row.name)
         for claim in await run(self.store.claims, phases=("Pending",)):

@@ -5,6 +5,7 @@ composed of small parts, each given what it depends on:
 - `Sandboxes`   (sandboxes.py)  sandbox containers: start (execd healthy), recycle, delete; execd tokens and calls;
 - `PoolWorkers` (pools.py)      one worker per pool, planning with the core's planners; `Wake` wakes them;
 - `Claims`      (claims.py)     the claims side: bind, wait, release, lease deadlines, a claim's execd;
+- `Batches`     (batches.py)    batches: bind like claims, one task per index in execd, followed to its end;
 - `Recovery`    (recovery.py)   the engine's container events and the resync from engine and store;
 - `Retained`    (retained.py)   retained sandboxes and snapshot images.
 
@@ -20,14 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import httpx
 
-from corral.api.wire import Claim, ClaimRequest, PoolStatus, RetainedSandbox, Snapshot, SnapshotRequest
+from corral.api.wire import (
+    Batch,
+    BatchRequest,
+    Claim,
+    ClaimRequest,
+    PoolStatus,
+    RetainedSandbox,
+    Snapshot,
+    SnapshotRequest,
+)
 from corral.operator.claimsapi import ExecdTarget
 
+from .batches import Batches
 from .claims import Claims
 from .desired import DesiredState
 from .pools import PoolWorkers, Wake
@@ -51,8 +62,11 @@ class DockerRuntime:
         current = lambda: self.desired  # noqa: E731 - the pools file of now (reload replaces it)
         self.sandboxes = Sandboxes(settings, current, store, client, self.runner, self.http, secret, self.wake)
         self.pools = PoolWorkers(settings, current, store, self.runner, self.sandboxes, self.wake)
-        self.claims = Claims(settings, current, store, client, self.runner, self.sandboxes, self.wake)
-        self.recovery = Recovery(settings, store, client, self.runner, self.sandboxes, self.claims, self.wake)
+        cold = asyncio.Semaphore(settings.max_cold_creates)  # cold starts of claims and batches together
+        self.claims = Claims(settings, current, store, client, self.runner, self.sandboxes, self.wake, cold)
+        self.batches = Batches(settings, current, store, self.runner, self.sandboxes, self.wake, cold)
+        self.recovery = Recovery(settings, store, client, self.runner, self.sandboxes, self.claims, self.batches,
+                                 self.wake)
         self.retained = Retained(settings, store, client, self.runner, self.sandboxes)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -63,13 +77,16 @@ class DockerRuntime:
         self.runner.attach()
         await self.sandboxes.ensure_infrastructure()
         await self.recovery.resync()
+        await self.batches.resume()
         self.pools.start()
         self.runner.spawn(self.claims.deadlines())
+        self.runner.spawn(self.batches.deadlines())
         self.recovery.start()
 
     async def stop(self) -> None:
         self.recovery.stop()
         await self.pools.stop()
+        await self.batches.stop()
         await self.runner.stop()
         await self.http.aclose()
 
@@ -126,3 +143,18 @@ class DockerRuntime:
 
     async def delete_snapshot(self, ref: str) -> None:
         await self.retained.delete_snapshot(ref)
+
+    async def create_batch(self, req: BatchRequest) -> Batch:
+        return await self.batches.create(req)
+
+    async def get_batch(self, name: str) -> Batch:
+        return await self.batches.get(name)
+
+    async def list_batches(self, pool: str | None = None) -> list[Batch]:
+        return await self.batches.list(pool)
+
+    async def delete_batch(self, name: str) -> None:
+        await self.batches.delete(name)
+
+    def watch_batch(self, name: str) -> AsyncIterator[Batch]:
+        return self.batches.watch(name)

@@ -1,9 +1,10 @@
 """Sandbox containers of the Docker runtime: how one is started (a `creating` row first, then container create +
-start, then its execd healthy), recycled into its Pool (Restart: a new process tree and token; Noop: env cleared and
-token rotated), and deleted; the execd calls the runtime itself makes (token rotation, claim env, health); and the
-stack's infrastructure every sandbox needs (template networks, the execd volume).
+start, then its execd healthy), released by its holder (a claim, or an index of a batch: `release` recycles it into
+its Pool, Restart: a new process tree and token; Noop: env cleared and token rotated; or deletes it), and deleted;
+the execd calls the runtime itself makes (token rotation, claim env, health); and the stack's infrastructure every
+sandbox needs (template networks, the execd volume).
 
-execd tokens are derived, never stored (tokens.py): the idle sandbox's, or its claim's while claimed. A container
+execd tokens are derived, never stored (tokens.py): the idle sandbox's, or its holder's while held. A container
 that dies while it starts is reported by recovery (`exited_while_starting`), which ends that start's health wait at
 once; a container restarted for recycling is `restarting` for a few seconds, so recovery ignores its die event.
 """
@@ -18,15 +19,16 @@ from typing import Any
 
 import httpx
 
+from corral.api import Pool
 from corral.execd import wire
 
 from . import engine
-from .desired import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate
+from .desired import DEFAULT_EXECD_PORT, DesiredState, DockerTemplate, template_of
 from .metrics import SANDBOX_START
 from .runner import Runner
 from .settings import Settings
-from .store import ClaimRow, SandboxRow, Store
-from .tokens import execd_token
+from .store import SandboxRow, Store
+from .tokens import Holder, execd_token
 
 log = logging.getLogger("corral.operator.docker")
 RESTART_QUIET = 5.0  # seconds a recycled sandbox's die event is expected after its restart
@@ -34,11 +36,11 @@ RESTART_QUIET = 5.0  # seconds a recycled sandbox's die event is expected after 
 
 class Sandboxes:
     def __init__(self, settings: Settings, desired: Callable[[], DesiredState], store: Store, client: Any,
-                 runner: Runner, http: httpx.AsyncClient, secret: bytes, removed: Callable[[str], None]):
-        """`desired()` is the current pools file (a reload replaces it); `removed(pool)` is called when a pool's
-        sandbox is gone (its worker re-plans)."""
+                 runner: Runner, http: httpx.AsyncClient, secret: bytes, pool_changed: Callable[[str], None]):
+        """`desired()` is the current pools file (a reload replaces it); `pool_changed(pool)` is called when a
+        pool's sandbox is gone or back in it (its worker re-plans, batches waiting for room bind)."""
         self.s, self.desired, self.store, self.client = settings, desired, store, client
-        self.runner, self.http, self.secret, self.removed = runner, http, secret, removed
+        self.runner, self.http, self.secret, self.pool_changed = runner, http, secret, pool_changed
         self.execd_volume = ""
         self._failed: set[str] = set()               # containers that died while starting
         self._restarting: set[str] = set()           # recycled by restart: their die event is expected
@@ -57,8 +59,8 @@ class Sandboxes:
                                       key=self.s.execd_key, tar_path=self.s.execd_tar, helper_image=helper)
 
     # --- execd ------------------------------------------------------------------------------------------------------
-    def token(self, sandbox: str, claim: ClaimRow | None = None) -> str:
-        return execd_token(self.secret, sandbox, claim)
+    def token(self, sandbox: str, holder: Holder | None = None) -> str:
+        return execd_token(self.secret, sandbox, holder)
 
     def port(self, sandbox: SandboxRow) -> int:
         found = [t for t in self.desired().templates if t.name == sandbox.template]
@@ -139,9 +141,35 @@ class Sandboxes:
         row = await self.runner.run(self.store.sandbox, name)
         await self.runner.run(self.store.remove_sandbox, name)
         if row and row.pool:
-            self.removed(row.pool)
+            self.pool_changed(row.pool)
 
-    async def recycle(self, row: SandboxRow, strategy: str, claim: ClaimRow) -> None:
+    async def discard(self, name: str) -> None:
+        """Delete a sandbox that must not be reused (lost, or its task still running)."""
+        await self.runner.run(self.store.update_sandbox, name, state="deleting", claim=None)
+        await self.delete(name)
+
+    async def release(self, name: str, holder: Holder) -> None:
+        """Its holder let it go (the row is `releasing`): recycle it into its Pool when the Pool recycles and the
+        sandbox is still of its template (Restart/Noop), else delete it."""
+        row = await self.runner.run(self.store.sandbox, name)
+        if row is None:
+            return
+        desired = self.desired()
+        found = desired.pool(row.pool) if row.pool else None
+        spec = found[1] if found else None
+        tmpl = desired.template(template_of(spec)) if spec else None
+        if isinstance(spec, Pool) and tmpl is not None and spec.spec.recycle_strategy != "Delete" \
+                and row.hash == tmpl.blueprint_hash() and row.image == tmpl.image:
+            try:
+                await self.recycle(row, spec.spec.recycle_strategy, holder)
+                if row.pool:
+                    self.pool_changed(row.pool)
+                return
+            except Exception as exc:  # noqa: BLE001 - fall back to delete
+                log.warning("recycling %s failed (%s); deleting it", name, exc)
+        await self.discard(name)
+
+    async def recycle(self, row: SandboxRow, strategy: str, claim: Holder) -> None:
         """Put a released sandbox back into its Pool as idle and ready: Restart (stop, next token, start, healthy) or
         Noop (env cleared, token rotated back to the idle one). Raises if it could not; the caller deletes it."""
         run = self.runner.run

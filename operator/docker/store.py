@@ -1,9 +1,14 @@
 """Claim and sandbox state in SQLite (WAL): the part of the truth Docker labels cannot hold (they are immutable).
 
-Two tables. `sandboxes`: one row per sandbox container this operator made or is making (a row is written *before*
-the container is created, so a crash leaves a row to clean up, never an unknown container). `claims`: one row per
-claim. `sandboxes.claim` is UNIQUE and a sandbox has one `claim` column, so a sandbox can never serve two claims and
-a claim never holds two sandboxes. Warm adoption is one IMMEDIATE transaction (see `adopt`).
+`sandboxes`: one row per sandbox container this operator made or is making (a row is written *before* the
+container is created, so a crash leaves a row to clean up, never an unknown container). `claims`: one row per claim.
+`sandboxes.claim` is UNIQUE and a sandbox has one `claim` column, so a sandbox can never serve two claims and a
+claim never holds two sandboxes. Warm adoption is one IMMEDIATE transaction (see `adopt`).
+
+`batches` and `batch_tasks`: a batch and one row per index (its sandbox, its task's execd command id, how it ended
+and the tail of its output). A batch index holds its sandbox like a claim, through `sandboxes.claim` = the claim
+label `<batch>_<index>` (core.batches; never a claim's name), so the pool rules count it as taken. A whole batch is
+bound in one transaction (`bind_batch`); an index's end is recorded with its sandbox's release in one (`end_task`).
 
 One connection, one lock: every method is a short transaction; callers run them from worker threads.
 """
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from corral.operator.core import batches as batchrules
 from corral.operator.core.vocabulary import ApiLaunchType, ApiPhase, PoolKind
 from corral.operator.planning import Member
 
@@ -59,6 +65,35 @@ CREATE TABLE IF NOT EXISTS claims (
   message TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+  name TEXT PRIMARY KEY,
+  uid TEXT NOT NULL,            -- random per batch: its execd command keys derive from it
+  pool TEXT NOT NULL,
+  pool_kind TEXT NOT NULL,
+  replicas INTEGER NOT NULL,
+  task TEXT NOT NULL,           -- the corral.api BatchTask (JSON, camelCase)
+  shutdown_policy TEXT NOT NULL DEFAULT 'Delete',
+  ttl_after_finished INTEGER,
+  created REAL NOT NULL,
+  started_at REAL,              -- when its first index was bound
+  finished_at REAL,             -- when it reached its final phase
+  phase TEXT,                   -- its final phase once reached (until then, counted from its tasks)
+  message TEXT                  -- why indexes wait (the pool is at poolMax, or not in the pools file)
+);
+CREATE TABLE IF NOT EXISTS batch_tasks (
+  batch TEXT NOT NULL,
+  idx INTEGER NOT NULL,
+  phase TEXT NOT NULL,          -- Pending | Bound | Running | Succeeded | Failed (core.batches)
+  sandbox TEXT,                 -- the sandbox it has (or had, once its task ended)
+  launch_type TEXT,             -- warm | cold
+  command_id TEXT,              -- execd's id of its background command: how a restarted operator re-attaches
+  exit_code INTEGER,
+  reason TEXT,
+  message TEXT,
+  output TEXT,                  -- the tail of its output, read once when it ended
+  output_truncated INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (batch, idx)
+);
 """
 # Columns added after the first schema: (table, column, type). A store written by an older operator gets them at open.
 ADDED_COLUMNS = (("sandboxes", "retained_from", "TEXT"), ("sandboxes", "retained_pool", "TEXT"),
@@ -105,6 +140,49 @@ class ClaimRow:
     env: dict[str, str] = field(default_factory=dict)
     snapshot: str | None = None
     message: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexHolder:
+    """An index of a batch as the holder of its sandbox (tokens.Holder): its claim label, its batch's creation."""
+
+    name: str
+    created: float
+
+
+@dataclass
+class BatchRow:
+    name: str
+    uid: str
+    pool: str
+    pool_kind: PoolKind
+    replicas: int
+    task: str
+    created: float
+    shutdown_policy: Literal["Delete", "Retain"] = "Delete"
+    ttl_after_finished: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    phase: str | None = None
+    message: str | None = None
+
+    def holder(self, index: int) -> IndexHolder:
+        return IndexHolder(batchrules.claim_label(self.name, index), self.created)
+
+
+@dataclass
+class TaskRow:
+    batch: str
+    idx: int
+    phase: str
+    sandbox: str | None = None
+    launch_type: str | None = None
+    command_id: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    output: str | None = None
+    output_truncated: bool = False
 
 
 class Store:
@@ -324,6 +402,177 @@ class Store:
                  row.created, "cold"),
             )
             db.execute("UPDATE claims SET sandbox=?, launch_type='cold' WHERE name=?", (row.name, claim))
+
+    # --- batches ----------------------------------------------------------------------------------------------------
+    def add_batch(self, row: BatchRow) -> tuple[BatchRow, bool]:
+        """Record a new batch with one Pending task per index; (the batch of that name, whether it is new)."""
+        with self.tx() as db:
+            existing = db.execute("SELECT * FROM batches WHERE name=?", (row.name,)).fetchone()
+            if existing:
+                return BatchRow(**dict(existing)), False
+            db.execute("INSERT INTO batches(name, uid, pool, pool_kind, replicas, task, shutdown_policy, "
+                       "ttl_after_finished, created) VALUES (?,?,?,?,?,?,?,?,?)",
+                       (row.name, row.uid, row.pool, row.pool_kind, row.replicas, row.task, row.shutdown_policy,
+                        row.ttl_after_finished, row.created))
+            db.executemany("INSERT INTO batch_tasks(batch, idx, phase) VALUES (?,?,'Pending')",
+                           [(row.name, i) for i in range(row.replicas)])
+            return row, True
+
+    def batch(self, name: str) -> BatchRow | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM batches WHERE name=?", (name,)).fetchone()
+            return BatchRow(**dict(row)) if row else None
+
+    def batches(self, *, finished: bool | None = None) -> list[BatchRow]:
+        q = "SELECT * FROM batches"
+        if finished is not None:
+            q += " WHERE phase IS NOT NULL" if finished else " WHERE phase IS NULL"
+        with self._lock:
+            return [BatchRow(**dict(r)) for r in self._db.execute(q + " ORDER BY created, name")]
+
+    @staticmethod
+    def _task(row: sqlite3.Row) -> TaskRow:
+        d = dict(row)
+        d["output_truncated"] = bool(d["output_truncated"])
+        return TaskRow(**d)
+
+    def tasks(self, batch: str) -> list[TaskRow]:
+        with self._lock:
+            return [self._task(r) for r in self._db.execute("SELECT * FROM batch_tasks WHERE batch=? ORDER BY idx",
+                                                            (batch,))]
+
+    def task(self, batch: str, index: int) -> TaskRow | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM batch_tasks WHERE batch=? AND idx=?", (batch, index)).fetchone()
+            return self._task(row) if row else None
+
+    def batch_with_tasks(self, name: str) -> tuple[BatchRow | None, list[TaskRow]]:
+        with self._lock:
+            return self.batch(name), self.tasks(name)
+
+    def batches_with_tasks(self, *, pool: str | None = None) -> list[tuple[BatchRow, list[TaskRow]]]:
+        with self._lock:
+            return [(b, self.tasks(b.name)) for b in self.batches() if pool is None or b.pool == pool]
+
+    def update_batch(self, name: str, **values: Any) -> None:
+        cols = ", ".join(f"{k}=?" for k in values)
+        with self.tx() as db:
+            db.execute(f"UPDATE batches SET {cols} WHERE name=?", (*values.values(), name))
+
+    def update_task(self, batch: str, index: int, **values: Any) -> None:
+        cols = ", ".join(f"{k}=?" for k in values)
+        with self.tx() as db:
+            db.execute(f"UPDATE batch_tasks SET {cols} WHERE batch=? AND idx=?", (*values.values(), batch, index))
+
+    def bind_batch(self, batch: BatchRow, indexes: Sequence[int], order: Callable[[list[Member]], list[Member]],
+                   cold: Callable[[], SandboxRow], cold_limit: int | None = None) -> list[tuple[int, SandboxRow]]:
+        """Bind the batch's Pending `indexes`, in one transaction: the pool's ready, idle sandboxes in
+        `order(candidates)` first (as `adopt` binds a claim), then a new `creating` row from `cold()` for each index
+        left, as long as the pool has fewer than `cold_limit` sandboxes (a Pool's poolMax). Returns (index, sandbox)
+        for each index bound; the others stay Pending."""
+        with self.tx() as db:
+            pending = {r["idx"] for r in db.execute("SELECT idx FROM batch_tasks WHERE batch=? AND phase='Pending'",
+                                                    (batch.name,))}
+            todo = [i for i in indexes if i in pending]
+            rows = [SandboxRow(**dict(r)) for r in db.execute(
+                "SELECT * FROM sandboxes WHERE pool=? AND state='ready' AND claim IS NULL", (batch.pool,))]
+            by_name = {r.name: r for r in rows}
+            candidates = iter(order([r.member() for r in rows]))
+            bound: list[tuple[int, SandboxRow]] = []
+            while todo:
+                m = next(candidates, None)
+                if m is None:
+                    break
+                label = batchrules.claim_label(batch.name, todo[0])
+                if db.execute("UPDATE sandboxes SET claim=?, launch_type='warm' WHERE name=? AND claim IS NULL",
+                              (label, m.name)).rowcount == 1:
+                    chosen = by_name[m.name]
+                    chosen.claim, chosen.launch_type = label, "warm"
+                    bound.append((todo.pop(0), chosen))
+            room = len(todo)
+            if todo and cold_limit is not None:
+                total = db.execute("SELECT count(*) FROM sandboxes WHERE pool=?", (batch.pool,)).fetchone()[0]
+                room = max(0, cold_limit - total)
+            for i in todo[:room]:
+                row = cold()
+                row.claim, row.launch_type = batchrules.claim_label(batch.name, i), "cold"
+                db.execute(
+                    "INSERT INTO sandboxes(name, container_id, pool, pool_kind, template, hash, image, state, claim, "
+                    "created, launch_type) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (row.name, None, row.pool, row.pool_kind, row.template, row.hash, row.image, "creating",
+                     row.claim, row.created, "cold"),
+                )
+                bound.append((i, row))
+            db.executemany("UPDATE batch_tasks SET phase='Bound', sandbox=?, launch_type=? WHERE batch=? AND idx=?",
+                           [(row.name, row.launch_type, batch.name, i) for i, row in bound])
+            if bound:
+                db.execute("UPDATE batches SET started_at=COALESCE(started_at, ?) WHERE name=?",
+                           (time.time(), batch.name))
+            return bound
+
+    def finish_batch_cold(self, batch: str, index: int, sandbox: str) -> bool:
+        """The cold sandbox of a batch index started: ready if the index still waits for it; otherwise (the batch
+        was deleted meanwhile) it goes to `releasing`. One transaction."""
+        with self.tx() as db:
+            row = db.execute("SELECT phase, sandbox FROM batch_tasks WHERE batch=? AND idx=?",
+                             (batch, index)).fetchone()
+            if row and row["phase"] == batchrules.BOUND and row["sandbox"] == sandbox:
+                db.execute("UPDATE sandboxes SET state='ready' WHERE name=?", (sandbox,))
+                return True
+            db.execute("UPDATE sandboxes SET state='releasing', claim=NULL WHERE name=?", (sandbox,))
+            return False
+
+    def unbind_task(self, batch: str, index: int, sandbox: str) -> None:
+        """A Bound index whose sandbox never started (the operator stopped meanwhile) is Pending again."""
+        with self.tx() as db:
+            db.execute("UPDATE batch_tasks SET phase='Pending', sandbox=NULL, launch_type=NULL "
+                       "WHERE batch=? AND idx=? AND sandbox=? AND phase='Bound' AND command_id IS NULL",
+                       (batch, index, sandbox))
+
+    def end_task(self, batch: str, index: int, *, phase: str, reason: str, message: str, exit_code: int | None,
+                 output: str | None, output_truncated: bool, release: bool) -> tuple[bool, str | None]:
+        """Record how an index ended, once, and (`release`) let its sandbox go in the same transaction (state
+        `releasing`, as a claim's end does). Returns (whether it ended now, the sandbox to release)."""
+        with self.tx() as db:
+            row = db.execute("SELECT phase, sandbox FROM batch_tasks WHERE batch=? AND idx=?",
+                             (batch, index)).fetchone()
+            if row is None or row["phase"] in batchrules.INDEX_ENDED:
+                return False, None
+            db.execute("UPDATE batch_tasks SET phase=?, reason=?, message=?, exit_code=?, output=?, "
+                       "output_truncated=? WHERE batch=? AND idx=?",
+                       (phase, reason, message, exit_code, output, int(output_truncated), batch, index))
+            sandbox = row["sandbox"]
+            if not release or not sandbox:
+                return True, None
+            cur = db.execute("UPDATE sandboxes SET claim=NULL, state='releasing' WHERE name=? AND claim=? "
+                             "AND state='ready'", (sandbox, batchrules.claim_label(batch, index)))
+            return True, sandbox if cur.rowcount == 1 else None
+
+    def finish_batch(self, name: str, phase: str, finished_at: float) -> bool:
+        """Record the batch's final phase, once."""
+        with self.tx() as db:
+            return db.execute("UPDATE batches SET phase=?, finished_at=?, message=NULL WHERE name=? AND phase IS NULL",
+                              (phase, finished_at, name)).rowcount == 1
+
+    def remove_batch(self, name: str) -> list[tuple[str, int, bool]]:
+        """Delete a batch and its tasks, in one transaction. Its sandboxes leave it in state `releasing` (a sandbox
+        still `creating` stays so, without its label: its start releases it). Returns (sandbox, index, whether its
+        task had ended) for each released one."""
+        with self.tx() as db:
+            phases = {batchrules.claim_label(name, r["idx"]): (r["idx"], r["phase"]) for r in db.execute(
+                "SELECT idx, phase FROM batch_tasks WHERE batch=?", (name,))}
+            out = []
+            for r in db.execute(f"SELECT name, claim, state FROM sandboxes WHERE claim IN "
+                                f"({','.join('?' * len(phases))})", list(phases)).fetchall():
+                if r["state"] == "creating":
+                    db.execute("UPDATE sandboxes SET claim=NULL WHERE name=?", (r["name"],))
+                    continue
+                db.execute("UPDATE sandboxes SET claim=NULL, state='releasing' WHERE name=?", (r["name"],))
+                index, phase = phases[r["claim"]]
+                out.append((r["name"], index, phase in batchrules.INDEX_ENDED))
+            db.execute("DELETE FROM batch_tasks WHERE batch=?", (name,))
+            db.execute("DELETE FROM batches WHERE name=?", (name,))
+            return out
 
 
 def now() -> float:

@@ -4,8 +4,10 @@ sweep of everything that stack made."""
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Any
 
+import docker
 import pytest
 from client_harness import local_stack as local_stack  # the client tests' module-scoped stack, one per module
 from operator_harness import REPO, Operator, desired_state, free_port  # noqa: F401
@@ -32,5 +34,16 @@ def make_operator(docker_client, tmp_path):
     for op in made:
         op.stop()
         op.sweep()
-        left = docker_client.containers.list(all=True, filters={"label": f"{engine.L_STACK}={op.stack}"})
+        left = stack_containers(docker_client, op.stack)
         assert not left, f"containers of stack {op.stack} left behind: {[c.name for c in left]}"
+
+
+def stack_containers(client: Any, stack: str) -> list[Any]:
+    """The stack's containers. The docker SDK lists, then inspects each: one whose removal was still finishing
+    (the sweep's remove answers 409 "already in progress" for it) is gone by its inspect (404): list again."""
+    for _ in range(10):
+        try:
+            return client.containers.list(all=True, filters={"label": f"{engine.L_STACK}={stack}"})
+        except docker.errors.NotFound:
+            time.sleep(0.3)
+    return client.containers.list(all=True, filters={"label": f"{engine.L_STACK}={stack}"})

@@ -1,5 +1,6 @@
 """The Docker runtime's pure parts: the SQLite store (adoption is one transaction: no double claim under threads,
-poolMax counted inside it, idempotent retries, releases never leave an adoptable sandbox) and the pools-file model."""
+poolMax counted inside it, idempotent retries, releases never leave an adoptable sandbox; a batch's binding, ends and
+removal likewise) and the pools-file model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pydantic import ValidationError
 from corral.components import catalogue
 from corral.operator.docker import desired as df
 from corral.operator.docker.desired import DesiredState, cpus, docker_template, memory_bytes
-from corral.operator.docker.store import ClaimRow, SandboxRow, Store, now
+from corral.operator.docker.store import BatchRow, ClaimRow, SandboxRow, Store, now
 from corral.operator.planning import adoption_order
 
 
@@ -120,6 +121,56 @@ def test_retiring_an_idle_sandbox_takes_it_out_of_adoption(store):
     _, none, _ = store.adopt(ClaimRow(name="d", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
                              order, None)
     assert none is None
+
+
+def batch(name: str = "b", replicas: int = 4, **kw) -> BatchRow:
+    return BatchRow(name=name, uid="u", pool="p", pool_kind="WarmPool", replicas=replicas, task="{}", created=now(),
+                    **kw)
+
+
+def test_a_batch_binds_warm_first_then_cold_within_the_limit_in_one_transaction(store):
+    ready(store, 2)
+    b, new = store.add_batch(batch(replicas=5))
+    assert new and store.add_batch(batch(replicas=9)) == (b, False)  # a retry: the batch that exists
+    bound = store.bind_batch(b, [0, 1, 2, 3, 4], order, cold_row, cold_limit=4)
+    assert [(i, r.launch_type) for i, r in bound] == [(0, "warm"), (1, "warm"), (2, "cold"), (3, "cold")]
+    assert {r.claim for _, r in bound} == {"b_0", "b_1", "b_2", "b_3"}  # the core's claim labels
+    tasks = store.tasks("b")
+    assert [t.phase for t in tasks] == ["Bound"] * 4 + ["Pending"]
+    assert store.batch("b").started_at is not None
+    # a claim finds nothing to adopt (every sandbox is taken), and binding again binds only what is Pending
+    claim, sbx, _ = store.adopt(ClaimRow(name="c", pool="p", pool_kind="WarmPool", phase="Pending", created=now()),
+                                order, None)
+    assert sbx is None
+    assert store.bind_batch(b, [0, 1, 2, 3, 4], order, cold_row, cold_limit=4) == []
+
+
+def test_a_task_ends_once_and_releases_its_sandbox_in_the_same_transaction(store):
+    ready(store, 2)
+    b, _ = store.add_batch(batch(replicas=2))
+    store.bind_batch(b, [0, 1], order, cold_row)
+    end = dict(phase="Succeeded", reason="Completed", message="ok", exit_code=0, output="out\n",
+               output_truncated=False)
+    assert store.end_task("b", 0, **end, release=True) == (True, "p-0")
+    assert store.end_task("b", 0, **end, release=True) == (False, None)  # once
+    assert store.sandbox("p-0").state == "releasing" and store.sandbox("p-0").claim is None
+    assert store.end_task("b", 1, **{**end, "phase": "Failed"}, release=False) == (True, None)  # Retain
+    assert store.sandbox("p-1").claim == "b_1"
+    t = store.task("b", 0)
+    assert (t.phase, t.output, t.sandbox) == ("Succeeded", "out\n", "p-0")  # the sandbox stays in the result
+    assert store.finish_batch("b", "Failed", now()) and not store.finish_batch("b", "Failed", now())
+    assert store.remove_batch("b") == [("p-1", 1, True)]
+    assert store.batch("b") is None and store.tasks("b") == [] and store.sandbox("p-1").state == "releasing"
+
+
+def test_a_cold_start_ends_ready_only_if_its_index_still_waits(store):
+    b, _ = store.add_batch(batch(replicas=2))
+    (i0, r0), (i1, r1) = store.bind_batch(b, [0, 1], order, cold_row)
+    assert store.finish_batch_cold("b", 0, r0.name) and store.sandbox(r0.name).state == "ready"
+    store.unbind_task("b", 1, r1.name)  # the operator stopped while it started: Pending again
+    assert store.task("b", 1).phase == "Pending" and store.task("b", 1).sandbox is None
+    assert not store.finish_batch_cold("b", 1, r1.name) and store.sandbox(r1.name).state == "releasing"
+    assert store.remove_batch("b") == [(r0.name, 0, False)]  # its task had not ended: the caller deletes it
 
 
 def test_docker_template_from_the_catalogue():
