@@ -301,6 +301,7 @@ def main() -> None:
                     help="sustained: the WarmPool holds this many seconds of claims (replicas = rate x this)")
     ap.add_argument("--interval", default="0.5,0.2", help="spaced: seconds between claims, one run each (0.5,0.2)")
     ap.add_argument("--spaced-pool", type=int, default=10, help="spaced: the WarmPool's replicas (10)")
+    ap.add_argument("--note", default="", help="a remark stored with the results (e.g. what else ran meanwhile)")
     ap.add_argument("--operator-rev", default="", help="run this git revision's operator (and CRDs), not the "
                     "working tree's: a `git archive` of it under /tmp")
     args = ap.parse_args()
@@ -347,6 +348,8 @@ def main() -> None:
         "note": "kwok fake nodes: pods become Ready without running containers; latency excludes image pulls",
         "operator": source, "phases": phases, "quick": args.quick,
     }
+    if args.note:
+        results["run_note"] = args.note
     phase_load: dict[str, list[float]] = {}
     if "ceiling" in phases:
         phase_load["ceiling"] = list(os.getloadavg())
