@@ -16,8 +16,10 @@ Phases (all by default, in this order; --only runs a subset, each one alone if n
   spaced-quiet  50 warm claims, each 0.5 s after the previous one is Bound (its refill is done by then) -> warm_spaced
   spaced        a claim every 0.5 s on schedule (open loop), meant to arrive while the previous claim's refill is
                 in flight (reported: how often it did, and the operator's CPU profile around each claim); operator
-                CPU per claim-plus-refill -> warm_spaced_refilling; then every 0.2 s (--interval 0.5,0.2), where
-                every claim lands in a refill on this test bed -> warm_spaced_refilling_other_intervals (issue 18)
+                CPU per claim-plus-refill -> warm_spaced_refilling; then every 0.2 s (--interval 0.5,0.2): the
+                operator defers a refill until 0.15 s without claims (claim_quiet), so at 0.5 s it is over before
+                the next claim on this test bed, at 0.2 s most claims land in one
+                -> warm_spaced_refilling_other_intervals (issue 18)
   burst         300 warm claims at once; operator CPU per claim; p90 over the control-plane floor -> warm_burst
   cold          20 claims from an empty pool -> cold_sequential
   sustained     claims created at --rate per second for --duration s (open loop), each deleted 1 s after it is
@@ -401,8 +403,9 @@ def main() -> None:
                                           "launch": sorted(set(watch.launch[n] for n in spaced))}
                 print("warm_spaced", results["warm_spaced"], flush=True)
             elif phase == "spaced":
-                # The first interval is the acceptance's (0.5 s); a shorter one makes sure claims land in refills
-                # on a test bed where a refill is over in ~0.35 s (kwok pods are Ready at once).
+                # The first interval is the acceptance's (0.5 s); a shorter one makes claims land in refills on a
+                # test bed where a refill (deferred 0.15 s after a claim) is over ~0.35 s after it (kwok pods are
+                # Ready at once).
                 runs = []
                 for k, interval in enumerate(intervals):
                     sns = new_namespace(client, f"{ns}-spaced{k}")
