@@ -111,6 +111,10 @@ async def serve() -> None:
         runtime.spawn(go())
 
     loop.add_signal_handler(signal.SIGHUP, reload)
+    # uvicorn stops on SIGTERM and then raises it again for the handler that was there before it started: with
+    # SIGTERM's default action the process would end right there, before the runtime stops (Docker calls cut off
+    # mid-way, a container left half removed). The server is stopping anyway: nothing more to do on it.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     log.info("operator for stack %s: %d templates, %d warm pools, %d pools; API on %s:%s", stack,
              len(desired.templates), len(desired.warm_pools), len(desired.pools), config.host, config.port)
     try:
