@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,12 @@ MOCKS = RecordingMocks()
 def install(stack: str = "test", project: str = "corral") -> RecordingMocks:
     """(Re)install the one shared recorder with a clean slate; call it before each test."""
     MOCKS.resources.clear()
+    # Pulumi's mocks run on the thread's current event loop; an async test before this one (pytest-asyncio) leaves
+    # the thread with none set, and asyncio.get_event_loop() then raises instead of making one.
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi.runtime.set_mocks(MOCKS, project=project, stack=stack, preview=False)
     return MOCKS
 

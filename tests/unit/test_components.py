@@ -61,7 +61,8 @@ def test_template_spec_is_the_validated_catalogue_spec():
 
 @pulumi.runtime.test
 def test_pool_takes_a_template_name_and_capacity():
-    pool = Pool("elastic", PoolArgs(template="existing-template", recycle_strategy="Restart", readiness_grace_seconds=45,
+    pool = Pool("elastic", PoolArgs(template="existing-template", recycle_strategy="Restart",
+                                    readiness_grace_seconds=45,
                                     capacity=Capacity(buffer_min=2, buffer_max=4, pool_min=1, pool_max=9)))
 
     def verify(urn):
