@@ -42,6 +42,9 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
     body = ctx.cache.batch(ns, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         book.forget(ns, name)
+        # Binds whose labelled sandbox event never came (the sandbox went first) would otherwise stay forever.
+        for key in [k for k in ctx.claims.bound if k[0] == ns and (b.parse_claim_label(k[1]) or ("",))[0] == name]:
+            ctx.claims.claim_gone(*key)
         return
     ctx.cancel_at("SandboxBatch", ns, name)
     meta, status = body["metadata"], body.get("status") or {}

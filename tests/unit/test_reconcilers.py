@@ -450,3 +450,14 @@ async def test_a_pod_in_phase_unknown_reports_its_sandbox_pending_not_a_phase_th
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert (status["phase"], ready["status"], ready["reason"], ready["message"]) == (
         "Pending", "False", "PodUnknown", "NodeLost")
+
+
+async def test_a_deleted_batch_leaves_no_binds_behind() -> None:
+    """A batch deleted before its sandboxes' labelled events came: its binds go with it, another batch's stay."""
+    from corral.operator.reconcile.batches import reconcile_batch
+
+    op = Operator(FakeKube())
+    op.ctx.claims.bound.update({(NS, "gone_0"): "sb-a", (NS, "gone_1"): "sb-b", (NS, "other_0"): "sb-c",
+                                ("elsewhere", "gone_0"): "sb-d"})
+    await reconcile_batch(op.ctx, NS, "gone")
+    assert op.ctx.claims.bound == {(NS, "other_0"): "sb-c", ("elsewhere", "gone_0"): "sb-d"}
