@@ -7,9 +7,13 @@ The tests run in file order and share one stack (a real cluster costs minutes to
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from clusterutil import host_sysctls
@@ -101,6 +105,35 @@ def test_cold_claim_from_a_pool_starts_a_real_pod(client):
         assert sbx.claim.launch_type == "cold"
         assert sbx.commands.run("cat /proc/1/cgroup >/dev/null && echo up").stdout == "up\n"
     print(f"\ncold claim from Pool shell (a real pod start): {took:.1f} s")
+
+
+def test_a_batch_runs_one_task_in_each_real_pod_through_the_sdk_and_the_cli(kind_cluster, dev_stack, client):
+    """A SandboxBatch on the real node: the chart's operator binds 4 sandboxes of the warm pool (3 warm, the rest
+    cold), starts each task through execd in the pod and follows it over the pod network to its end; results come
+    back per index with their output, and `corral batch` as a user runs it exits 1 when a task failed."""
+    task = ["sh", "-c", 'echo "idx $CORRAL_BATCH_INDEX uid $(id -u)"; [ "$CORRAL_BATCH_INDEX" != 3 ] || exit 3']
+    with client.batch("python", 4, task, timeout=300) as batch:
+        results = {r.index: r for r in batch}
+        final = batch.wait()
+    assert sorted(results) == [0, 1, 2, 3], results
+    for i, r in results.items():
+        assert r.output == f"idx {i} uid 1000\n", r
+        assert (r.phase, r.exit_code) == (("Failed", 3) if i == 3 else ("Succeeded", 0)), r
+    assert len({r.sandbox for r in results.values()}) == 4
+    assert (final.phase, final.succeeded, final.failed) == ("Failed", 3, 1)
+    assert {r.launch_type for r in results.values()} <= {"warm", "cold"} and \
+        any(r.launch_type == "warm" for r in results.values())
+
+    cli = Path(sys.executable).with_name("corral")
+    svc = f"svc/{dev_stack.outputs['controllerService']}-api"
+    with kind_cluster.port_forward(OP_NS, svc, 7780) as port:
+        env = {**os.environ, "CORRAL_API_URL": f"http://127.0.0.1:{port}",
+               "CORRAL_API_TOKEN": dev_stack.outputs["apiToken"]}
+        proc = subprocess.run([str(cli), "batch", "python", "-n", "2", "--rm", "--",
+                               'echo "cli $CORRAL_BATCH_INDEX"; exit "$CORRAL_BATCH_INDEX"'],
+                              env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr   # index 1 exited 1
+    assert "cli 0" in proc.stdout and "cli 1" in proc.stdout, proc.stdout
 
 
 def sandbox_ip(cluster, claim_name: str) -> str:
