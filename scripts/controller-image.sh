@@ -16,7 +16,10 @@ have docker || die "no docker CLI: run scripts/docker.sh engine"
 
 execd_key="$("$PY" -m corral.execd.bundle --key)"
 app_version="$("$PY" -c 'from corral.components.controller_values import APP_VERSION; print(APP_VERSION)')"
-key="$(cd "$REPO_DIR" && { cat "$0" api/*.py operator/*.py operator/reconcile/*.py operator/claimsapi/*.py operator/core/*.py execd/*.py;
+# The operator's modules: every package under operator/ but the Docker runtime (its own image, operator-image.sh),
+# found rather than listed (a hand list left out operator/inflight once, and the image did not start).
+operator_py() { (cd "$REPO_DIR" && find operator -path operator/docker -prune -o -name __pycache__ -prune -o -name '*.py' -print | sort); }
+key="$(cd "$REPO_DIR" && { cat "$0" api/*.py $(operator_py) execd/*.py;
         echo "$execd_key"; "$PY" -m pip freeze 2>/dev/null | grep -iE '^(kopf|lightkube|aiohttp|fastapi|uvicorn|pydantic|httpx)='; } \
         | sha256sum | cut -c1-16)"
 tag="corral/controller:$key"
@@ -34,13 +37,12 @@ trap 'rm -rf "$work"' EXIT
 # Stage corral.* as plain packages: PyInstaller's analysis does not follow the editable-install finder. Inside the
 # staged `corral` package, operator/ may have an __init__.py (it cannot shadow the standard library there).
 src="$work/src/corral"
-mkdir -p "$src/operator/reconcile" "$src/operator/claimsapi" "$src/operator/core" "$src/api" "$src/execd"
+mkdir -p "$src/api" "$src/execd"
 : >"$src/__init__.py"
+for f in $(operator_py); do
+  mkdir -p "$src/$(dirname "$f")" && cp "$REPO_DIR/$f" "$src/$f"
+done
 : >"$src/operator/__init__.py"
-cp "$REPO_DIR"/operator/*.py "$src/operator/"
-cp "$REPO_DIR"/operator/reconcile/*.py "$src/operator/reconcile/"
-cp "$REPO_DIR"/operator/claimsapi/*.py "$src/operator/claimsapi/"
-cp "$REPO_DIR"/operator/core/*.py "$src/operator/core/"
 cp "$REPO_DIR"/api/*.py "$src/api/"
 cp "$REPO_DIR"/execd/*.py "$src/execd/"
 # kopf imports corral.operator.handlers by name (and the handlers import parts lazily): import every staged module

@@ -31,7 +31,7 @@ mkdir -p "$src/operator/docker" "$src/operator/claimsapi" "$src/operator/core" "
 : >"$src/execd/__init__.py"
 cp "$REPO_DIR"/execd/wsrelay.py "$REPO_DIR"/execd/wire.py "$src/execd/"  # the claims API's WebSocket relay and
 # execd's wire facts (the rest of execd is its bundle)
-cp "$REPO_DIR"/operator/planning.py "$REPO_DIR"/operator/constants.py "$src/operator/"
+cp "$REPO_DIR"/operator/planning.py "$REPO_DIR"/operator/constants.py "$REPO_DIR"/operator/taskexec.py "$src/operator/"
 cp "$REPO_DIR"/operator/docker/*.py "$src/operator/docker/"
 cp "$REPO_DIR"/operator/core/*.py "$src/operator/core/"
 cp "$REPO_DIR"/operator/claimsapi/*.py "$src/operator/claimsapi/"

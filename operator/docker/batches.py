@@ -29,7 +29,6 @@ the Kubernetes operator's names and labels (the stack is the namespace label), e
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
@@ -47,8 +46,18 @@ from corral.operator.claimsapi import Conflict, Invalid, NotFound
 from corral.operator.core import batches as core
 from corral.operator.core import lifecycle, metrics
 from corral.operator.core import vocabulary as vocab
-from corral.operator.core.outputs import LogsTail, NotLogs, Tail
+from corral.operator.core.outputs import Tail
 from corral.operator.planning import Member, adoption_order
+from corral.operator.taskexec import (
+    EXECD_PATIENCE,
+    MAX_BACKOFF,
+    Contact,
+    StartRefused,
+    output_tail,
+    start,
+    task_key,
+    wait,
+)
 
 from .desired import DesiredState, DockerTemplate, template_of
 from .pools import Wake
@@ -59,37 +68,8 @@ from .store import BatchRow, SandboxRow, Store, TaskRow, now
 
 log = logging.getLogger("corral.operator.docker.batch")
 
-COMMAND_PATH = "/v1/command"  # execd: POST starts a command; /{id}/wait follows one, /{id}/logs its output
-KEEPALIVE = 15.0  # seconds between execd's keepalive comments on a wait stream
-READ_TIMEOUT = 3 * KEEPALIVE  # no byte for this long: the connection is dead, open it again
-MAX_BACKOFF = 30.0
-EXECD_PATIENCE = 120.0  # seconds an index's execd may stay silent (every attempt failing) before the index fails
-TAIL_TIMEOUT = 5.0  # seconds for reading an ended task's output tail before its end is recorded without it
 COALESCE = 0.02  # seconds a watcher lets changes gather after a wake (tasks ending together: one state)
 DELETE_GRACE = 30.0  # seconds DELETE waits for the batch's sandboxes to go (they go on in the background after)
-
-
-class StartRefused(Exception):
-    """execd refused the task as written (4xx): the index fails, no retry."""
-
-
-class Contact:
-    """When a follower last heard from its execd (monotonic seconds): an answer, or any line of a wait stream."""
-
-    def __init__(self) -> None:
-        self.at = time.monotonic()
-
-    def heard(self) -> None:
-        self.at = time.monotonic()
-
-    def silent(self) -> float:
-        return time.monotonic() - self.at
-
-
-def task_key(batch_uid: str, index: int, sandbox: str) -> str:
-    """execd's key of index `index`'s task in sandbox `sandbox`: another batch (or a claim) that used the same
-    sandbox before (a Pool's Noop recycling keeps its execd and its finished commands) never matches it."""
-    return f"{batch_uid}/{index}/{sandbox}"
 
 
 def resource_task(req: BatchTaskRequest) -> BatchTask:
@@ -336,13 +316,13 @@ class Batches:
                     if t.launch_type == vocab.API_WARM and not handed:
                         await self._hand_over(row, holder)
                         handed = True
-                    t.command_id = await self._start(url, token, task, index, task_key(b.uid, index, row.name))
+                    t.command_id = await start(self.http, url, token, task, index, task_key(b.uid, index, row.name))
                     contact.heard()
                     await self.runner.run(self.store.update_task, b.name, index, command_id=t.command_id,
                                           phase=core.RUNNING)
                     self._count_running(b, index)
                     self._changed(b.name)
-                final = await self._wait(url, token, t.command_id, contact)
+                final = await wait(self.http, url, token, t.command_id, contact)
             except StartRefused as exc:
                 await self._end(b, index, vocab.FAILED, vocab.R_START_FAILED, str(exc))
                 return
@@ -366,7 +346,8 @@ class Batches:
                                 f"execd of sandbox {row.name} no longer knows the task's command {t.command_id} "
                                 "(it restarted)")
                 return
-            tail = await self._tail(url, token, t.command_id)  # before the end: the end releases the sandbox
+            # its output before the end is recorded: the end releases the sandbox
+            tail = await output_tail(self.http, url, token, t.command_id)
             outcome = core.task_outcome(final.get("exit_code"), signal=final.get("signal"),
                                         timed_out=bool(final.get("timed_out")),
                                         interrupted=bool(final.get("interrupted")))
@@ -381,55 +362,6 @@ class Batches:
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code != 401:
                 raise
-
-    async def _start(self, url: str, token: str, task: BatchTask, index: int, key: str) -> str:
-        """The id of index `index`'s command: started now, or (execd answers 200 for a key it holds) the one a
-        previous process started and did not live to write down."""
-        r = await self.http.post(url + COMMAND_PATH, json={**core.task_request(task, index), "key": key},
-                                 headers={"Authorization": f"Bearer {token}"})
-        if 400 <= r.status_code < 500 and r.status_code not in (401, 408, 429):
-            raise StartRefused(f"execd refused the task ({r.status_code}): {r.text[:300]}")
-        r.raise_for_status()
-        return str(r.json()["id"])
-
-    async def _wait(self, url: str, token: str, command_id: str, contact: Contact) -> dict[str, Any] | None:
-        """The command's final status from its wait stream; None if execd does not know the command."""
-        async with self.http.stream("GET", f"{url}{COMMAND_PATH}/{command_id}/wait",
-                                    params={"keepalive": KEEPALIVE}, headers={"Authorization": f"Bearer {token}"},
-                                    timeout=httpx.Timeout(10.0, read=READ_TIMEOUT)) as r:
-            if r.status_code == 404:
-                return None
-            r.raise_for_status()
-            contact.heard()
-            event = ""
-            async for line in r.aiter_lines():
-                contact.heard()
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event == "exit":
-                    final: dict[str, Any] = json.loads(line[6:])
-                    return final
-        raise httpx.ReadError("the wait stream ended without an exit event")
-
-    async def _tail(self, url: str, token: str, command_id: str) -> Tail | None:
-        """The tail of a command's output (core.outputs reads execd's logs body as it streams, keeping only the
-        tail); None if execd does not answer with it within TAIL_TIMEOUT."""
-        parser = LogsTail()
-
-        async def read() -> Tail | None:
-            async with self.http.stream("GET", f"{url}{COMMAND_PATH}/{command_id}/logs",
-                                        headers={"Authorization": f"Bearer {token}"}) as r:
-                if r.status_code != 200:
-                    return None
-                async for data in r.aiter_bytes():
-                    parser.feed(data)
-            return parser.result()
-
-        try:
-            return await asyncio.wait_for(read(), TAIL_TIMEOUT)
-        except (httpx.HTTPError, NotLogs, TimeoutError) as exc:
-            log.info("output of command %s at %s: %s", command_id, url, exc or type(exc).__name__)
-            return None
 
     # --- ends ---------------------------------------------------------------------------------------------------
     def _count_running(self, b: BatchRow, index: int) -> None:

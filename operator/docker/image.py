@@ -26,7 +26,8 @@ BUILD_TIMEOUT = 1800
 def sources() -> list[Path]:
     return sorted([*OPERATOR_DIR.glob("docker/*.py"), *OPERATOR_DIR.glob("claimsapi/*.py"),
                    *OPERATOR_DIR.glob("core/*.py"),
-                   OPERATOR_DIR / "planning.py", OPERATOR_DIR / "constants.py", *(REPO / "api").glob("*.py"),
+                   OPERATOR_DIR / "planning.py", OPERATOR_DIR / "constants.py", OPERATOR_DIR / "taskexec.py",
+                   *(REPO / "api").glob("*.py"),
                    REPO / "execd" / "wsrelay.py", REPO / "execd" / "wire.py", SCRIPT])
 
 

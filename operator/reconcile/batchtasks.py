@@ -3,10 +3,11 @@ Events connection per sandbox (execd's GET /v1/command/{id}/wait: its status at 
 KEEPALIVE seconds, its exit). No request is made while a task runs; a broken connection is opened again (backing off)
 by the same command id, which is also how a restarted operator re-attaches: the id is in the batch's status.
 
-A task is started with a key naming its batch, index and sandbox (execd's `key`): a restarted operator that finds no
-id in the status (it died between the start and the status write) asks execd to start it again and gets the command
-that already runs, never a second run, and never a command of another batch or claim that used the same sandbox
-before (a Pool's Noop recycling keeps the pod and its execd's finished commands).
+What is said to execd (the keyed start, the wait stream, the output tail) is operator/taskexec.py, shared with the
+Docker runtime. A task is started with a key naming its batch, index and sandbox (execd's `key`): a restarted
+operator that finds no id in the status (it died between the start and the status write) asks execd to start it
+again and gets the command that already runs, never a second run, and never a command of another batch or claim that
+used the same sandbox before (a Pool's Noop recycling keeps the pod and its execd's finished commands).
 
 An execd that does not answer (refused, timed out, 5xx, a wait stream cut) is asked again, backing off; once it has
 been silent for EXECD_PATIENCE seconds in a row the index fails (ExecdUnreachable) and the batch goes on. Every line
@@ -23,7 +24,6 @@ tasks that end together are written to the status in one write.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -32,22 +32,18 @@ import httpx
 
 from corral.api.batch import BatchTask
 
+from .. import taskexec
 from ..batchbook import BatchState
 from ..context import Context
 from ..core import batches as b
 from ..core import vocabulary as v
-from ..core.outputs import LogsTail, NotLogs, Tail
+from ..core.outputs import Tail
+from ..taskexec import EXECD_PATIENCE, MAX_BACKOFF, TAIL_TIMEOUT, Contact, StartRefused, start, task_key, wait
 from .handover import ExecdUnreachable, hand_over
 
 log = logging.getLogger("corral.operator.batch")
 
-COMMAND_PATH = "/v1/command"  # execd: POST starts a command; /{id}/wait follows one (execd/commands.py, waits.py)
-KEEPALIVE = 15.0  # seconds between execd's keepalive comments on a wait stream
-READ_TIMEOUT = 3 * KEEPALIVE  # no byte for this long: the connection is dead, open it again
 COALESCE = 0.05  # seconds between a task's end and the status write that carries it (and every other end by then)
-MAX_BACKOFF = 30.0
-EXECD_PATIENCE = 120.0  # seconds an index's execd may stay silent (every attempt failing) before the index fails
-TAIL_TIMEOUT = 5.0  # seconds for reading an ended task's output tail (core.outputs) before its end is written
 
 
 def mark(ctx: Context, st: BatchState, ns: str, batch: str) -> None:
@@ -71,80 +67,10 @@ def mark(ctx: Context, st: BatchState, ns: str, batch: str) -> None:
 _FLUSHES: set[asyncio.Task[None]] = set()  # running flushes (the loop keeps only weak references to tasks)
 
 
-class StartRefused(Exception):
-    """execd refused the task as written (4xx): the index fails, no retry."""
-
-
-class Contact:
-    """When a follower last heard from its execd (monotonic seconds): an answer to a request, or any line of a wait
-    stream, keepalives included."""
-
-    def __init__(self) -> None:
-        self.at = time.monotonic()
-
-    def heard(self) -> None:
-        self.at = time.monotonic()
-
-    def silent(self) -> float:
-        return time.monotonic() - self.at
-
-
-def task_key(batch_uid: str, index: int, sandbox_uid: str) -> str:
-    """execd's key of index `index`'s task in the sandbox with uid `sandbox_uid` (see the module docstring)."""
-    return f"{batch_uid}/{index}/{sandbox_uid}"
-
-
-async def _start(ctx: Context, url: str, token: str, task: BatchTask, index: int, key: str) -> str:
-    """The id of index `index`'s command: started now, or (execd answers 200 for a key it holds) the one a previous
-    process started and did not live to write down."""
-    headers = {"Authorization": f"Bearer {token}"}
-    r = await ctx.http().post(url + COMMAND_PATH, json={**b.task_request(task, index), "key": key}, headers=headers)
-    if 400 <= r.status_code < 500 and r.status_code not in (401, 408, 429):
-        raise StartRefused(f"execd refused the task ({r.status_code}): {r.text[:300]}")
-    r.raise_for_status()
-    return str(r.json()["id"])
-
-
-async def _wait(ctx: Context, url: str, token: str, command_id: str, contact: Contact) -> dict[str, Any] | None:
-    """The command's final status from its wait stream; None if execd does not know the command."""
-    timeout = httpx.Timeout(10.0, read=READ_TIMEOUT)
-    async with ctx.http().stream("GET", f"{url}{COMMAND_PATH}/{command_id}/wait", params={"keepalive": KEEPALIVE},
-                                 headers={"Authorization": f"Bearer {token}"}, timeout=timeout) as r:
-        if r.status_code == 404:
-            return None
-        r.raise_for_status()
-        contact.heard()
-        event = ""
-        async for line in r.aiter_lines():
-            contact.heard()
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: ") and event == "exit":
-                final: dict[str, Any] = json.loads(line[6:])
-                return final
-    raise httpx.ReadError("the wait stream ended without an exit event")
-
-
 async def output_tail(ctx: Context, url: str, token: str, command_id: str, *,
                       timeout: float = TAIL_TIMEOUT) -> Tail | None:
-    """The tail of a command's output (core.outputs: the logs body is read as it streams, only the tail kept); None
-    if execd does not answer with it within `timeout` (it restarted, the sandbox is going, ...)."""
-    parser = LogsTail()
-
-    async def read() -> Tail | None:
-        async with ctx.http().stream("GET", f"{url}{COMMAND_PATH}/{command_id}/logs",
-                                     headers={"Authorization": f"Bearer {token}"}) as r:
-            if r.status_code != 200:
-                return None
-            async for data in r.aiter_bytes():
-                parser.feed(data)
-        return parser.result()
-
-    try:
-        return await asyncio.wait_for(read(), timeout)
-    except (httpx.HTTPError, NotLogs, TimeoutError) as exc:
-        log.info("output of command %s at %s: %s", command_id, url, exc or type(exc).__name__)
-        return None
+    """The tail of a command's output through the operator's pooled client (taskexec.output_tail)."""
+    return await taskexec.output_tail(ctx.http(), url, token, command_id, timeout=timeout)
 
 
 async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: str, index: int,
@@ -167,11 +93,12 @@ async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: s
         try:
             token = await hand_over(ctx, ns, m.name, m.uid, pod.uid, url, batch_uid)
             if not entry.get("commandId"):
-                entry["commandId"] = await _start(ctx, url, token, task, index, task_key(batch_uid, index, m.uid))
+                entry["commandId"] = await start(ctx.http(), url, token, task, index,
+                                                task_key(batch_uid, index, m.uid))
                 contact.heard()
                 entry["phase"] = b.RUNNING
                 mark(ctx, st, ns, batch)
-            final = await _wait(ctx, url, token, entry["commandId"], contact)
+            final = await wait(ctx.http(), url, token, entry["commandId"], contact)
         except StartRefused as exc:
             _end(entry, v.FAILED, v.R_START_FAILED, str(exc), None)
             break
