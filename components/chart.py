@@ -54,8 +54,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
          "shutdown)", (GROUP,), ("sandboxes",), ("create", "delete")),
     Rule("the claims API creates claims for SDK/CLI clients and deletes them on release; lifecycle TTLs delete "
          "finished claims", (GROUP,), ("sandboxclaims",), ("create", "delete")),
-    Rule("lifecycle TTLs delete finished batches (ttlSecondsAfterFinished)", (GROUP,), ("sandboxbatches",),
-         ("delete",)),
+    Rule("the claims API creates batches for SDK/CLI clients (POST /v1/batches) and deletes them; lifecycle TTLs "
+         "delete finished batches (ttlSecondsAfterFinished)", (GROUP,), ("sandboxbatches",), ("create", "delete")),
     Rule("owner references with blockOwnerDeletion (pods/PVCs/services -> Sandbox, Sandbox -> pool or batch, "
          "NetworkPolicy -> template) need update on the owner's finalizers where OwnerReferencesPermissionEnforcement "
          "is on", (GROUP,), tuple(f"{k}/finalizers" for k in ("sandboxes", "warmpools", "pools", "sandboxtemplates",
