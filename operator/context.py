@@ -111,9 +111,13 @@ class Context:
         self.starts = SandboxStarts(settle=self.settings.sandbox_settle)
 
     def http(self) -> httpx.AsyncClient:
-        """One pooled HTTP client for talking to sandboxes' execd."""
+        """One pooled HTTP client for talking to sandboxes' execd. No cap on open connections: each running batch
+        task holds its wait stream open for as long as it runs, so httpx's default of 100 made a batch's 101st task
+        wait for a slot (PoolTimeout) and its ended tasks' output reads time out behind the open streams. Idle
+        connections kept for reuse stay bounded."""
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=10)
+            self._http = httpx.AsyncClient(
+                timeout=10, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         return self._http
 
     def namespace_terminating(self, ns: str, now: float) -> None:

@@ -126,7 +126,7 @@ async def _check_indexes(ctx: Context, body: dict[str, Any], spec: SandboxBatchS
             ctx.bound.pop((ns, label), None)
         if entry["phase"] in b.INDEX_ENDED:
             policy = spec.lifecycle.shutdown_policy
-            if m is not None and not m.deleting and policy != "Retain":
+            if m is not None and not m.deleting and policy != "Retain" and i not in st.reading:
                 await ignore({404}, ctx.kube.delete("Sandbox", m.name, ns, foreground=policy == "DeleteForeground"))
             continue
         if m is None and (ns, label) in ctx.bound:

@@ -14,8 +14,9 @@ been silent for EXECD_PATIENCE seconds in a row the index fails (ExecdUnreachabl
 of a wait stream, keepalive comments included, counts as an answer: a task that runs for hours on a healthy stream
 never comes near it, and no request is added to notice it.
 
-When a task has ended, the tail of its output (core.outputs) is read once, before its end goes into the status (the
-end releases the sandbox), and kept in memory for the claims API's results.
+When a task has ended, its end goes into the status at once and the tail of its output (core.outputs) is read
+meanwhile, once, and kept in memory for the claims API's results; the sandbox is released only after that read
+(BatchState.reading), so the output is still there to read.
 
 A follower only updates its index's entry in memory and asks for a reconcile of the batch COALESCE seconds later;
 tasks that end together are written to the status in one write.
@@ -121,13 +122,21 @@ async def follow(ctx: Context, st: BatchState, ns: str, batch: str, batch_uid: s
             _end(entry, v.FAILED, b.R_TASK_LOST, f"execd of sandbox {m.name} no longer knows the task's command "
                  f"{entry['commandId']} (it restarted)", None)
         else:
-            # its output's tail before the end is written: the end releases the sandbox (Delete: at once)
-            tail = await output_tail(ctx, url, token, entry["commandId"])
-            if tail is not None:
-                ctx.batches.outputs.put(batch_uid, index, tail)
             outcome = b.task_outcome(final.get("exit_code"), signal=final.get("signal"),
                                      timed_out=bool(final.get("timed_out")), interrupted=bool(final.get("interrupted")))
             _end(entry, outcome.phase, outcome.reason, outcome.message, outcome.exit_code)
+            # The end goes into the status now; the output's tail is read meanwhile, and the sandbox is released
+            # (shutdownPolicy) only once it is read: `reading` holds the release back (batches._check_indexes). A
+            # reader of the results before then reads the tail from the sandbox itself (the claims API does).
+            st.reading.add(index)
+            mark(ctx, st, ns, batch)
+            try:
+                tail = await output_tail(ctx, url, token, entry["commandId"])
+                if tail is not None:
+                    ctx.batches.outputs.put(batch_uid, index, tail)
+            finally:
+                st.reading.discard(index)
+            ctx.request("SandboxBatch", ns, batch)  # the release that waited for it
         break
     mark(ctx, st, ns, batch)
 
