@@ -198,3 +198,16 @@ def http(operator, api_ns):
 @pytest.fixture
 def uid():
     return uuid.uuid4().hex[:6]
+
+
+@pytest.fixture(scope="session")
+def api_ns(kube, operator):
+    """The namespace the claims API serves (the operator's api_namespace): made once for every module that uses it
+    (two modules each making and deleting it raced: "object is being deleted")."""
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace
+
+    name = operator.api_namespace
+    kube.create(Namespace(metadata=ObjectMeta(name=name)))
+    yield name
+    kube.delete(Namespace, name)

@@ -15,21 +15,11 @@ import threading
 import httpx
 import pytest
 from kubeutil import Sandbox, idle_ready, template, wait_until, warm_pool
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
 
 pytestmark = pytest.mark.kube
 
 # index 1 exits 3, every other index 0; each prints its index first
 TASK = 'echo "out $CORRAL_BATCH_INDEX"; [ "$CORRAL_BATCH_INDEX" = 1 ] && exit 3; exit 0'
-
-
-@pytest.fixture(scope="module")
-def api_ns(kube, operator):
-    name = operator.api_namespace
-    kube.create(Namespace(metadata=ObjectMeta(name=name)))
-    yield name
-    kube.delete(Namespace, name)
 
 
 @pytest.fixture

@@ -14,18 +14,8 @@ import httpx
 import pytest
 from kubeutil import Sandbox, SandboxClaim, idle_ready, pool, sandbox_or_none, status, template, wait_until, warm_pool
 from lightkube import ApiError
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
 
 pytestmark = pytest.mark.kube
-
-
-@pytest.fixture(scope="module")
-def api_ns(kube, operator):
-    name = operator.api_namespace
-    kube.create(Namespace(metadata=ObjectMeta(name=name)))
-    yield name
-    kube.delete(Namespace, name)
 
 
 def wait_ready_pool(kube, ns, name, n, timeout=60):
