@@ -34,6 +34,7 @@ class BatchState:
     final_counted: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one status write at a time
     flush_at: float | None = None  # when the status write the followers asked for goes out (None: none asked)
+    written_at: float = 0.0  # time.monotonic() of this process's last status write (the next waits MIN_GAP after it)
     reading: set[int] = field(default_factory=set)  # ended indexes whose output tail is being read: not released yet
 
     def following(self, index: int) -> bool:

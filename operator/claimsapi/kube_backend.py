@@ -654,7 +654,7 @@ class KubeBackend:
 
     async def watch_batch(self, name: str) -> AsyncIterator[Batch]:
         """The batch now and after each of its watch events that changed it (its resourceVersion), until it is
-        finished; reads the index only (kopf updates it before the event handler wakes this)."""
+        finished; reads the index (kopf updates it before the event handler wakes this; a miss: one direct read)."""
         with self._subscribe(name, "SandboxBatch") as ev:
             self._active()
             body = await self._batch(name)
@@ -662,7 +662,9 @@ class KubeBackend:
             while True:
                 ev.clear()
                 if seen is not None:
-                    current = await self._get("SandboxBatch", name, confirm=False)
+                    # A miss is confirmed by one read: the first state may have come from the server before the
+                    # watch brought the new batch into the index (it is not deleted, only not seen yet).
+                    current = await self._get("SandboxBatch", name)
                     if current is None or current["metadata"].get("uid") != uid:
                         raise NotFound(f"batch {name} was deleted")
                     body = current

@@ -82,6 +82,8 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
             if m is not None and not m.deleting and (m.ready or entry.get("commandId")):
                 st.followers[i] = asyncio.create_task(follow(ctx, st, ns, name, meta["uid"], i, spec.task),
                                                       name=f"corral-batch-{ns}-{name}-{i}")
+    if st.flush_at is not None:
+        return  # a follower's write is due (batchtasks.mark): it carries this too, and asks for the next reconcile
     async with st.lock:
         phase = await _write(ctx, body, st)
     if phase in b.FINAL_BATCH_PHASES:
@@ -92,10 +94,12 @@ async def flush(ctx: Context, ns: str, name: str) -> None:
     """The status write the followers asked for (batchtasks.mark); the queue's reconcile does the rest (an ended
     index's sandbox, the TTL)."""
     st = ctx.batches.states.get((ns, name))
-    body = ctx.cache.batch(ns, name)
-    if st is None or body is None or st.indexes is None:
+    if st is None:
         return
     st.flush_at = None
+    body = ctx.cache.batch(ns, name)
+    if body is None or st.indexes is None:
+        return
     try:
         async with st.lock:
             phase = await _write(ctx, body, st)
@@ -323,7 +327,7 @@ async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str 
     st.times = {k: t for k, t in times.items() if t}
     await ctx.kube.patch("SandboxBatch", meta["name"], meta["namespace"], {"status": {**desired, **st.times}},
                          status=True)
-    st.written = desired
+    st.written, st.written_at = desired, time.monotonic()
     if phase != (status.get("phase") if st.logged is None else st.logged):
         st.logged = phase
         log.info("batch %s/%s %s: %d bound, %d running, %d succeeded, %d failed", meta["namespace"], meta["name"],

@@ -18,8 +18,10 @@ When a task has ended, its end goes into the status at once and the tail of its 
 meanwhile, once, and kept in memory for the claims API's results; the sandbox is released only after that read
 (BatchState.reading), so the output is still there to read.
 
-A follower only updates its index's entry in memory and asks for a reconcile of the batch COALESCE seconds later;
-tasks that end together are written to the status in one write.
+A follower only updates its index's entry in memory and asks for the batch's status write COALESCE seconds later,
+and no sooner than MIN_GAP after the previous one: tasks that start or end together are one write, and a batch whose
+tasks end one after another costs the API server at most one write per MIN_GAP, however busy the machine is. While
+such a write is pending the queue's reconciles leave the status to it.
 """
 
 from __future__ import annotations
@@ -45,15 +47,19 @@ from .handover import ExecdUnreachable, hand_over
 log = logging.getLogger("corral.operator.batch")
 
 COALESCE = 0.05  # seconds between a task's end and the status write that carries it (and every other end by then)
+MIN_GAP = 0.2  # seconds at least between two status writes of one batch asked for by its followers
 
 
 def mark(ctx: Context, st: BatchState, ns: str, batch: str) -> None:
-    """Ask for the batch's status to be written COALESCE seconds from now, with everything that changed meanwhile.
-    The write goes out from here, not through the work queue: a pool refilling hundreds of sandboxes keeps the
-    queue's workers waiting on the API server, and a task's end must not wait for a free worker."""
+    """Ask for the batch's status to be written COALESCE seconds from now (MIN_GAP after the last write at the
+    soonest), with everything that changed meanwhile. The write goes out from here, not through the work queue: a
+    pool refilling hundreds of sandboxes keeps the queue's workers waiting on the API server, and a task's end must
+    not wait for a free worker."""
     if st.flush_at is not None:
         return
-    st.flush_at = time.time() + COALESCE
+    now = time.monotonic()
+    delay = max(COALESCE, st.written_at + MIN_GAP - now)
+    st.flush_at = now + delay
 
     def go() -> None:
         from .batches import flush  # batches.py starts the followers: imported late
@@ -62,7 +68,7 @@ def mark(ctx: Context, st: BatchState, ns: str, batch: str) -> None:
         _FLUSHES.add(task)
         task.add_done_callback(_FLUSHES.discard)
 
-    asyncio.get_running_loop().call_later(COALESCE, go)
+    asyncio.get_running_loop().call_later(delay, go)
 
 
 _FLUSHES: set[asyncio.Task[None]] = set()  # running flushes (the loop keeps only weak references to tasks)

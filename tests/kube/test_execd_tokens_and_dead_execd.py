@@ -28,32 +28,12 @@ from kubeutil import (
     wait_until,
     warm_pool,
 )
-from lightkube import ApiError
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod, Secret
+from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
 from corral.operator import tokens
 
 pytestmark = pytest.mark.kube
-
-
-@pytest.fixture(scope="module")
-def api_ns(kube, operator):
-    """The claims API's namespace (test_claims_api.py uses it too and deletes it when done: wait until it is gone)."""
-    name = operator.api_namespace
-
-    def absent() -> bool:
-        try:
-            kube.get(Namespace, name)
-        except ApiError as exc:
-            return exc.status.code == 404
-        return False
-
-    wait_until(absent, 120, 0.5, f"namespace {name} gone")
-    kube.create(Namespace(metadata=ObjectMeta(name=name)))
-    yield name
-    kube.delete(Namespace, name)
 
 
 def direct(execd, token: str, path: str = "/v1/env") -> int:
