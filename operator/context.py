@@ -55,8 +55,9 @@ class Settings(BaseModel):
     claim_quiet: float = Field(default=0.15, ge=0, le=10, description=(
         "Seconds without a claim decision on a WarmPool before its refill and its cosmetic status writes run: "
         "a stream of claims gets the API server first."))
-    max_refill_defer: float = Field(
-        default=30.0, ge=0, le=600, description="Longest a refill waits for a claim stream.")
+    max_refill_defer: float = Field(default=0.5, ge=0, le=600, description=(
+        "Longest a refill waits for a claim stream: a stream that does not pause refills its pool in chunks this "
+        "far apart (at once when the pool would run low)."))
     sandbox_settle: float = Field(default=0.3, ge=0, le=10, description=(
         "Seconds a sandbox whose pod is still starting waits before writing an intermediate (not Ready) status: a pod "
         "that gets Ready meanwhile costs one status write instead of one per pod phase. Ready is written at once."))

@@ -5,7 +5,8 @@
   when the pod is seen (`pod_seen`) or the sandbox is gone.
 - settling, (ns, sandbox) -> when an intermediate (not Ready) status of a starting pod was first held back: such a
   status waits `settle` seconds, so a pod that gets Ready meanwhile costs one status write instead of one per pod
-  phase (created, scheduled, running). Gone when the status is written (`settled`) or the sandbox is gone.
+  phase (created, scheduled, running); an idle pool sandbox's may wait longer (the caller says how long). Gone when
+  the status is written (`settled`) or the sandbox is gone.
 
 A restarted operator has neither: it may create a pod again (a 409, harmless) and writes one intermediate status.
 """
@@ -38,12 +39,14 @@ class SandboxStarts:
     def pod_seen(self, key: Key) -> None:
         self._pod_creates.pop(key, None)
 
-    def settle_until(self, key: Key, now: float) -> float | None:
-        """When an intermediate status of this sandbox may be written (None: now)."""
-        if not self.settle:
+    def settle_until(self, key: Key, now: float, settle: float | None = None) -> float | None:
+        """When an intermediate status of this sandbox may be written (None: now); `settle` seconds from when it was
+        first held back (the default: `self.settle`)."""
+        settle = self.settle if settle is None else settle
+        if not settle:
             return None
         first = self._settling.setdefault(key, now)
-        return first + self.settle if now - first < self.settle else None
+        return first + settle if now - first < settle else None
 
     def settled(self, key: Key) -> None:
         """Its status was written."""

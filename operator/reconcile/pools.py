@@ -115,6 +115,8 @@ async def _create_member(ctx: Context, pool: PoolView, template: TemplateView, b
     )
     created = await ctx.kube.create(manifest)
     ctx.creates.expect((pool.kind, ns, name), created["metadata"]["name"])
+    if pool.kind == "WarmPool":  # followed until Ready: the pool's ready lag (see PoolPacing.refill)
+        ctx.pacing.refill_started(pool.kind, ns, name, created["metadata"]["name"], time.time())
 
 
 async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
@@ -127,6 +129,7 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     idle = [m for m in members if not m.claim and not m.deleting and not ctx.claims.is_reserved(ns, m.name)]
     now = time.time()
     expected = ctx.creates.outstanding(("WarmPool", ns, name), {m.name for m in members})
+    ctx.pacing.refills_seen("WarmPool", ns, name, {m.name: m.ready for m in members}, now)
     plan = plan_warm_pool(replicas=spec.replicas, idle=idle, current_hash=bp_hash,
                           strategy=spec.update_strategy.type, expected_creates=expected, now=now,
                           readiness_grace=lifecycle.readiness_grace(spec))
@@ -135,21 +138,25 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
         log.info("warmpool %s/%s: deleting %d (%s)", ns, name, len(plan.delete), "; ".join(plan.reasons) or "surplus")
         _, error = await delete_batches(ctx, plan.delete, ctx.settings.max_batch)
     undecided = _claims_on(ctx, ns, "WarmPool", name)  # and wakes those waiting for this pool
-    if plan.create and undecided:
+    ready_idle = sum(1 for m in idle if m.ready and m not in plan.delete)
+    if plan.create and ctx.pacing.waits_for_claims("WarmPool", ns, name, now, undecided=undecided,
+                                                  ready_idle=ready_idle):
         # A burst of claims is decided (warm or cold) before the pool refills: the API server's capacity goes to the
         # claims first, and a burst of N claims against R ready sandboxes gets exactly R warm. The last decision
-        # requests this pool again.
-        log.info("warmpool %s/%s: refill of %d waits for %d undecided claims", ns, name, plan.create, undecided)
+        # requests this pool again. (Not in an established stream while the pool has enough ready: see the pacing.)
+        log.debug("warmpool %s/%s: refill of %d waits for %d undecided claims", ns, name, plan.create, undecided)
         plan.create = 0
-    if plan.create and not undecided:
-        # Claims decided a moment ago are likely followed by more: refill in the quiet moment after them, unless the
-        # ready idle sandboxes fall under a tenth of the replicas (and for at most max_refill_defer). A refill is
-        # ~7 API writes per sandbox; during a stream of claims on a small control plane it delays every claim.
-        ready_idle = sum(1 for m in idle if m.ready)
-        wait = ctx.pacing.refill_wait("WarmPool", ns, name, now, ready_idle, low_water=max(1, spec.replicas // 10))
-        if wait is not None:
-            ctx.request_at("WarmPool", ns, name, wait)
-            plan.create = 0
+    if plan.create:
+        # Claims decided a moment ago are likely followed by more: refill in the quiet moment after them. A refill is
+        # ~7 API writes per sandbox; during a stream of claims on a small control plane it delays every claim. A
+        # stream that does not pause gets its refill in chunks at its own pace, and all of it at once when the ready
+        # sandboxes would run under a tenth of the replicas before new ones are Ready (PoolPacing.refill).
+        starting = sum(1 for m in idle if not m.ready and m not in plan.delete) + expected
+        plan.create, wake = ctx.pacing.refill(
+            "WarmPool", ns, name, now, deficit=plan.create, ready_idle=ready_idle, starting=starting,
+            low_water=max(1, spec.replicas // 10))
+        if wake is not None:
+            ctx.request_at("WarmPool", ns, name, wake)
     if plan.create and error is None:
         log.info("warmpool %s/%s: creating %d", ns, name, plan.create)
         _, error = await run_batches(plan.create, lambda: _create_member(ctx, pool, template, bp_hash),

@@ -24,6 +24,7 @@ log = logging.getLogger("corral.operator.sandbox")
 
 ECHO = ("claimRef", "launchType")  # status fields that only repeat the sandbox's own labels/annotations
 PHASES = frozenset(get_args(SandboxPhase))
+POOL_SETTLE = 5.0  # seconds an idle pool sandbox's intermediate (not Ready) status waits for its pod to get Ready
 
 
 def desired_status(sandbox: SandboxView, pod: PodInfo | None, suspended: bool) -> dict[str, Any]:
@@ -114,8 +115,12 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
         ready = lambda s: (condition(s.get("conditions"), "Ready") or {}).get("status") == "True"  # noqa: E731
         if not suspended and not ready(status) and not ready(desired):
             # A starting pod: its intermediate phases (created, scheduled, running) wait a moment, so a pod that
-            # gets Ready meanwhile costs one status write, not one per phase.
-            until = ctx.starts.settle_until(key, now)
+            # gets Ready meanwhile costs one status write, not one per phase. An idle pool sandbox's wait longer
+            # (POOL_SETTLE): nobody waits for it, and on a loaded control plane a refill's pod takes more than the
+            # moment to get Ready, which cost every refilled sandbox two or three status writes, not one.
+            pool_idle = bool(sandbox.pool) and not sandbox.claim_label
+            until = ctx.starts.settle_until(key, now, ctx.starts.settle and max(ctx.starts.settle, POOL_SETTLE)
+                                            if pool_idle else None)
             if until is not None:
                 ctx.request_at("Sandbox", ns, name, until)
                 return

@@ -94,28 +94,90 @@ def test_a_live_claims_spec_is_validated_once_per_generation_and_dropped_when_it
 
 
 # ---- PoolPacing ------------------------------------------------------------------------------------------------------
+def _refill(pacing: PoolPacing, now: float, deficit: int = 10, ready_idle: int = 200, starting: int = 0,
+            low_water: int = 30, pool: str = "wp") -> tuple[int, float | None]:
+    return pacing.refill("WarmPool", "ns", pool, now, deficit=deficit, ready_idle=ready_idle, starting=starting,
+                         low_water=low_water)
+
+
 def test_refill_waits_for_the_quiet_moment_after_a_claim_stream():
     pacing = PoolPacing(claim_quiet=0.15, max_refill_defer=30)
-    assert pacing.refill_wait("WarmPool", "ns", "wp", now=100.0, ready_idle=200, low_water=30) is None  # no claims
+    assert _refill(pacing, now=100.0) == (10, None)  # no claims: all of it, now
     pacing.claim_decided("WarmPool", "ns", "wp", now=100.0)
-    assert pacing.refill_wait("WarmPool", "ns", "wp", now=100.05, ready_idle=200, low_water=30) == pytest.approx(100.15)
-    assert pacing.refill_wait("WarmPool", "ns", "other", now=100.05, ready_idle=200, low_water=30) is None
-    assert pacing.refill_wait("WarmPool", "ns", "wp", now=100.15, ready_idle=200, low_water=30) is None  # quiet now
+    assert _refill(pacing, now=100.05) == (0, pytest.approx(100.15))  # back when the stream pauses
+    assert _refill(pacing, now=100.05, pool="other") == (10, None)
+    assert _refill(pacing, now=100.15) == (10, None)  # quiet now
+    assert _refill(pacing, now=100.16, deficit=0) == (0, None)  # nothing missing: nothing to wait for
 
 
-def test_refill_does_not_wait_when_the_pool_runs_low_or_for_too_long():
+def test_refill_does_not_wait_when_the_pool_runs_low():
     pacing = PoolPacing(claim_quiet=0.15, max_refill_defer=1.0)
+    pacing.claim_decided("WarmPool", "ns", "wp", now=100.0)
+    assert _refill(pacing, now=100.01, ready_idle=29) == (10, None)  # under the low-water mark: all of it
+    assert _refill(pacing, now=100.02, ready_idle=31)[0] == 0  # above it, one claim in 2 s: it can wait
+
+
+def test_a_stream_refills_early_enough_for_its_rate_and_the_measured_ready_lag():
+    # 20 claims a second; new sandboxes are Ready 2 s after their create. 30 ready, low water 5: enough for a wait
+    # of max_refill_defer (0.5 s) only if the ready ones outlast 2.5 s of claims (50) on top of the low water.
+    pacing = PoolPacing(claim_quiet=0.15, max_refill_defer=0.5, rate_window=2.0)
+    claims = [100.025 + i * 0.05 for i in range(1000)]
+
+    def stream(until: float) -> None:  # the claims decided up to `until`
+        while claims[0] <= until + 1e-9:
+            pacing.claim_decided("WarmPool", "ns", "wp", now=claims.pop(0))
+
+    stream(102.0)
+    assert pacing.claim_rate("WarmPool", "ns", "wp", now=102.0) == pytest.approx(20.0)
+    for name in ("a", "b"):
+        pacing.refill_started("WarmPool", "ns", "wp", name, now=99.0)
+    pacing.refills_seen("WarmPool", "ns", "wp", {"a": True, "b": False}, now=101.0)  # a: Ready after 2 s
+    assert pacing.ready_lag("WarmPool", "ns", "wp") == pytest.approx(2.0)
+    assert _refill(pacing, now=102.0, deficit=40, ready_idle=30, starting=10, low_water=5) == (40, None)
+    # The same stream against a pool with 100 ready: it waits (not past max_refill_defer), then refills in chunks.
+    deficit, wake = _refill(pacing, now=102.0, deficit=40, ready_idle=100, starting=0, low_water=5)
+    assert deficit == 0 and wake == pytest.approx(101.975 + 0.15)  # the stream's end, if it ends
+    stream(102.4)
+    assert _refill(pacing, now=102.4, deficit=40, ready_idle=100, low_water=5)[0] == 0
+    stream(102.5)
+    chunk, wake = _refill(pacing, now=102.5, deficit=40, ready_idle=100, low_water=5)
+    assert chunk == 20  # twice the claims of max_refill_defer at 20/s: keeps up, catches up, no storm
+    assert wake == pytest.approx(102.475 + 0.15)  # the rest: at the next look
+    stream(102.55)
+    assert _refill(pacing, now=102.55, deficit=20, ready_idle=100, low_water=5) == (0, pytest.approx(102.525 + 0.15))
+
+
+def test_a_burst_is_decided_before_the_refill_but_an_established_stream_refills_among_its_claims():
+    pacing = PoolPacing(claim_quiet=0.15, rate_window=2.0)
     key = ("WarmPool", "ns", "wp")
-    pacing.claim_decided(*key, now=100.0)
-    assert pacing.refill_wait(*key, now=100.01, ready_idle=29, low_water=30) is None  # under the low-water mark
-    assert pacing.refill_wait(*key, now=100.0, ready_idle=200, low_water=30) is not None
-    for i in range(1, 10):  # a stream that never pauses
-        t = 100.0 + i * 0.1
-        pacing.claim_decided(*key, now=t)
-        wait = pacing.refill_wait(*key, now=t, ready_idle=200, low_water=30)
-        assert wait is not None and wait <= 101.0 + 1e-9  # never promised later than max_refill_defer
-    pacing.claim_decided(*key, now=101.05)
-    assert pacing.refill_wait(*key, now=101.05, ready_idle=200, low_water=30) is None
+    assert not pacing.waits_for_claims(*key, now=100.0, undecided=0, ready_idle=0)  # nothing to wait for
+    assert pacing.waits_for_claims(*key, now=100.0, undecided=1, ready_idle=10)  # a claim out of the blue
+    for i in range(60):  # a claim every 50 ms for 3 s
+        pacing.claim_decided(*key, now=100.0 + i * 0.05)
+        now = 100.0 + i * 0.05 + 0.01
+        waits = pacing.waits_for_claims(*key, now=now, undecided=2, ready_idle=30)
+        assert waits == (now - 100.0 < 2.0), now  # the first 2 s might be a burst; then it is a stream
+    assert pacing.waits_for_claims(*key, now=102.96, undecided=31, ready_idle=30)  # more waiting than ready
+    assert pacing.waits_for_claims(*key, now=103.5, undecided=2, ready_idle=30)  # the stream paused: a new one
+
+
+def test_the_ready_lag_follows_refills_until_ready_and_forgets_those_that_left():
+    pacing = PoolPacing(ready_guess=1.0)
+    key = ("WarmPool", "ns", "wp")
+    assert pacing.ready_lag(*key) == 1.0  # nothing measured yet
+    pacing.refill_started(*key, "a", now=10.0)
+    pacing.refill_started(*key, "b", now=10.0)
+    pacing.refill_started(*key, "c", now=10.0)
+    pacing.refills_seen(*key, {"a": False, "b": False}, now=11.0)  # c not in the cache yet: still followed
+    assert len(pacing) == 1
+    pacing.refills_seen(*key, {"a": True, "b": False, "c": False}, now=13.0)
+    assert pacing.ready_lag(*key) == pytest.approx(3.0)
+    pacing.refills_seen(*key, {"b": True}, now=16.0)  # c left the pool (deleted) before it was Ready
+    assert pacing.ready_lag(*key) == pytest.approx(3.0 + 0.2 * (6.0 - 3.0))  # a moving average
+    assert len(pacing) == 1  # only the lag is kept: no refill followed any more
+    pacing.refill_started(*key, "d", now=20.0)
+    pacing.refills_seen(*key, {"d": False}, now=20.0 + 121)  # never Ready: not followed for ever
+    assert len(pacing) == 1
 
 
 def test_routine_pool_status_writes_are_spaced_and_wait_for_a_claim_stream():
@@ -132,13 +194,17 @@ def test_routine_pool_status_writes_are_spaced_and_wait_for_a_claim_stream():
 def test_a_deleted_pool_takes_its_pacing_along():
     pacing = PoolPacing(claim_quiet=0.15, max_refill_defer=30)
     key = ("Pool", "ns", "p")
-    pacing.claim_decided(*key, now=100.0)
-    assert pacing.refill_wait(*key, now=100.01, ready_idle=5, low_water=1) is not None  # a deferred refill
+    pacing.claim_decided(*key, now=100.0)  # claim activity and claim times
+    assert pacing.refill(*key, now=100.01, deficit=1, ready_idle=50, starting=0, low_water=1)[0] == 0  # deferred
     pacing.status_written(*key, now=100.0)
+    pacing.refill_started(*key, "p-1", now=100.0)
+    pacing.refill_started(*key, "p-2", now=100.0)
+    pacing.refills_seen(*key, {"p-1": True, "p-2": False}, now=101.0)  # a ready lag, p-2 still followed
     pacing.claim_decided("WarmPool", "ns", "p", now=100.0)  # the same name, another kind: another pool
-    assert len(pacing) == 4
+    assert len(pacing) == 10
     pacing.pool_gone(*key)
-    assert len(pacing) == 1 and pacing.claims_streaming(*key, now=100.01) is None
+    assert len(pacing) == 3 and pacing.claims_streaming(*key, now=100.01) is None
+    assert pacing.ready_lag(*key) == pacing.ready_guess and pacing.claim_rate(*key, now=100.01) == 0
 
 
 # ---- SandboxStarts ---------------------------------------------------------------------------------------------------

@@ -220,17 +220,26 @@ async def test_a_claim_stream_defers_the_refill_until_a_quiet_moment(clock: list
     assert len(created) == 1 and created[0].body["metadata"]["generateName"] == "wp-"
 
 
-async def test_a_claim_stream_that_never_pauses_refills_after_max_refill_defer(clock: list[float]) -> None:
-    fake, op = _stream_setup(ready=20)
+async def test_a_claim_stream_that_never_pauses_refills_in_chunks_at_its_own_pace(clock: list[float]) -> None:
+    # 40 ready, a claim every 0.1 s for 3 s, each followed by the pool's reconcile (the adoption requests it). The
+    # refills are not Ready yet (starting): the pool never runs low, so the refill goes in chunks, max_refill_defer
+    # (1 s here) apart, each what was claimed since the last: it keeps up without waiting for the stream to end.
+    fake, op = _stream_setup(ready=40, replicas=40)
     t0 = clock[0]
-    for i in range(12):  # a claim every 0.1 s, each followed by the pool's reconcile (the adoption requests it)
+    chunks: list[tuple[float, int, int]] = []  # (when, how many created, how many claimed by then)
+    for i in range(30):
         clock[0] = t0 + i * 0.1
         await _claim(fake, op, f"c{i}")
+        before = len(fake.made("create", "Sandbox"))
         await reconcile_warmpool(op.ctx, NS, "wp")
-        if fake.made("create", "Sandbox"):
-            break
-    assert clock[0] - t0 == pytest.approx(1.0)  # deferred for max_refill_defer, not for the whole stream
-    assert len(fake.made("create", "Sandbox")) == 11  # every sandbox claimed so far, in one refill
+        made = len(fake.made("create", "Sandbox")) - before
+        if made:
+            chunks.append((clock[0] - t0, made, i + 1))
+        op.sync()
+    assert len(chunks) == 2, chunks
+    assert chunks[0][0] >= 1.0 - 1e-3 and chunks[1][0] - chunks[0][0] >= 1.0 - 1e-3, chunks  # not sooner
+    assert chunks[0][0] <= 1.1 + 1e-3 and chunks[1][0] - chunks[0][0] <= 1.2 + 1e-3, chunks  # nor much later
+    assert chunks[0][1] == chunks[0][2] and chunks[0][1] + chunks[1][1] == chunks[1][2], chunks  # all claimed so far
 
 
 async def test_a_pool_under_its_low_water_mark_refills_at_once_during_a_stream(clock: list[float]) -> None:
