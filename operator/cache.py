@@ -1,11 +1,17 @@
-"""The operator's view of the cluster: kopf indices fed by the watch streams (never List calls).
+"""The operator's view of the cluster, fed by watch streams (never List calls in a reconcile).
 
-kopf fills every index from the initial listing before any handler runs, and updates it on every event before the
-handlers of that event, so reconcilers read a complete, current picture without asking the API server.
+Two sources behind one interface (each index a mapping key -> iterable of values):
+- the hot kinds (SandboxClaims, Sandboxes, Pods of Corral's sandboxes): corral.operator.informer's stores, each
+  updated from its own stream before that event's reconcile requests are made;
+- the other kinds (templates, pools, batches): kopf indices, filled from kopf's initial listing before any kopf
+  handler runs, updated on every event before that event's handlers.
+`ready` says both are complete (informers' initial listings applied, kopf's indices filled): reconciles wait for it
+(handlers.dispatch), so they never decide on a partial picture.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins  # Cache has a method named list: its annotations name the type as builtins.list
 import time
 from dataclasses import dataclass
@@ -96,6 +102,8 @@ MEMBER = "member"  # (MEMBER, ns, pool kind, pool) -> Member of each sandbox of 
 CLAIMED = "claimed"  # (CLAIMED, ns, claim) -> Member of the sandbox labelled for that claim
 INDEX = {"SandboxTemplate": "templates_idx", "WarmPool": "warmpools_idx", "Pool": "pools_idx",
          "SandboxClaim": "claims_idx", "Sandbox": "sandboxes_idx", "Pod": "pods_idx", "SandboxBatch": "batches_idx"}
+KOPF_INDICES = ("templates_idx", "warmpools_idx", "pools_idx", "batches_idx")  # kopf indices (handlers.py)
+OWN_INDICES = ("claims_idx", "sandboxes_idx", "pods_idx")  # the informers' stores (informer.py)
 
 
 def claim_keys(ns: str, name: str, spec: Any, body: dict[str, Any]) -> dict[Any, Any]:
@@ -121,26 +129,57 @@ def uid_of(value: Any) -> str:
 
 
 class Cache:
-    """Typed access to the live kopf indices (bound from the first handler call)."""
+    """Typed access to the live indices: kopf's (bound from kopf's first handler call, or once the startup check in
+    handlers.py saw them complete) and the informers' stores (attached when the informers are made)."""
 
     NAMES = tuple(INDEX.values())
 
     def __init__(self) -> None:
         self._idx: dict[str, Any] = {}
-        self.bound_at: float | None = None
+        self.kopf_at: float | None = None  # kopf's indices complete
+        self.bound_at: float | None = None  # everything complete: kopf's indices and the informers' listings
+        self.synced: set[str] = set()  # informer stores whose initial listing is applied
+        self._ready: asyncio.Event | None = None
         self.hidden: set[str] = set()  # uids of objects deleted while kopf was paused (see corral.operator.resync)
 
     def hide(self, uids: set[str]) -> None:
         self.hidden |= uids
 
+    def attach(self, name: str, index: Any) -> None:
+        """Serve `name` from this mapping (an informer's store; kopf's index objects from startup)."""
+        self._idx[name] = index
+
     def bind(self, kwargs: dict[str, Any]) -> None:
-        if self.bound_at is None and all(n in kwargs for n in self.NAMES):
-            self._idx = {n: kwargs[n] for n in self.NAMES}
+        """kopf's indices are complete (a kopf handler runs: kopf fills every index first). Stores of the informers'
+        kinds among kwargs (unit tests' stand-ins) count as listed too."""
+        if self.kopf_at is None and all(n in kwargs for n in KOPF_INDICES):
+            for n in (*KOPF_INDICES, *(n for n in OWN_INDICES if n in kwargs)):
+                self._idx[n] = kwargs[n]
+                if n in OWN_INDICES:
+                    self.synced.add(n)
+            self.kopf_at = time.time()
+            self._check()
+
+    def mark_synced(self, name: str) -> None:
+        self.synced.add(name)
+        self._check()
+
+    def _check(self) -> None:
+        if self.bound_at is None and self.kopf_at is not None and len(self.synced) == len(OWN_INDICES):
             self.bound_at = time.time()
+        if self.bound_at is not None and self._ready is not None:
+            self._ready.set()
 
     @property
     def ready(self) -> bool:
         return self.bound_at is not None
+
+    async def wait_ready(self) -> None:
+        if self.ready:
+            return
+        if self._ready is None:
+            self._ready = asyncio.Event()
+        await self._ready.wait()
 
     def _all(self, index: str, key: Any) -> list[Any]:
         idx = self._idx.get(index)
@@ -206,6 +245,10 @@ class Cache:
     def claim_sandbox(self, ns: str, claim: str) -> Member | None:
         values = sorted(self._all("sandboxes_idx", (CLAIMED, ns, claim)), key=lambda m: m.created)
         return values[0] if values else None
+
+    def claim_sandboxes(self, ns: str, claim: str) -> builtins.list[Member]:
+        """Every sandbox labelled for the claim: one, but for a moment two when two replicas bound it at once."""
+        return self._all("sandboxes_idx", (CLAIMED, ns, claim))
 
     def pod(self, ns: str, sandbox: str) -> PodInfo | None:
         return self.get("Pod", ns, sandbox)

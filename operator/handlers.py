@@ -2,7 +2,8 @@
 
 No handler here writes to the API: they update the cache (kopf indices) and enqueue keys; the reconcilers in
 corral.operator.reconcile do the work, one key at a time, with bounded concurrency. kopf stores no state on the
-objects (on.event handlers need no finalizers or progress annotations).
+objects (on.event handlers need no finalizers or progress annotations). The hot kinds (SandboxClaims, Sandboxes,
+Pods of Corral's sandboxes) are not kopf's: corral.operator.informer follows them, started and stopped here.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import kopf
 from lightkube import ApiError
 
 from . import metrics
-from .cache import Cache, EventsOnlyDiffBase, PodInfo, claim_keys, sandbox_keys
+from .cache import KOPF_INDICES, Cache, EventsOnlyDiffBase
 from .claimsapi import kube_server as claims_api
-from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
+from .constants import GROUP, VERSION
 from .context import Context, Settings
-from .core.batches import parse_claim_label
+from .informer import WATCH_GRACE, Informers
 from .kube import Kube, status_code
 from .leadership import own_pod, pod_label_patch
 from .reconcile.batches import reconcile_batch
@@ -28,14 +29,15 @@ from .reconcile.claims import reconcile_claim
 from .reconcile.pools import reconcile_pool, reconcile_warmpool
 from .reconcile.sandboxes import reconcile_sandbox
 from .reconcile.templates import reconcile_template
-from .resync import resync
+from .resync import kopf_indices_complete, resync
 from .workqueue import WorkQueue
 
 log = logging.getLogger("corral.operator")
 
 STATE: dict[str, Context] = {}
 STATE_TASKS: dict[str, asyncio.Task[None]] = {}
-WATCH_GRACE = 60.0  # seconds past a watch's server timeout before the operator gives the stream up as dead
+INFORMERS: dict[str, Informers] = {}
+KOPF_INDEX_OBJECTS: dict[str, Any] = {}  # kopf's index objects, as kopf passes them to the startup handler
 
 RECONCILERS = {
     "SandboxTemplate": reconcile_template,
@@ -56,8 +58,11 @@ def ctx() -> Context:
 
 async def dispatch(key: tuple[str, str, str]) -> None:
     kind, ns, name = key
+    context = ctx()
+    if not context.cache.ready:  # the informers' initial listings and kopf's indices first: no partial picture
+        await context.cache.wait_ready()
     try:
-        await RECONCILERS[kind](ctx(), ns, name)
+        await RECONCILERS[kind](context, ns, name)
         metrics.RECONCILES.labels(kind=kind, result="ok").inc()
     except ApiError as exc:
         if status_code(exc) == 404:  # the object went away meanwhile; its deletion event brings us back if needed
@@ -96,6 +101,11 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     context.queue = WorkQueue(dispatch, workers=config.workers, priority=lambda key: PRIORITY.get(key[0], 9))
     context.queue.start()
     STATE["ctx"] = context
+    for name in KOPF_INDICES:  # kopf's (still empty) index objects, served until kopf says they are complete
+        context.cache.attach(name, kwargs[name])
+        KOPF_INDEX_OBJECTS[name] = kwargs[name]
+    INFORMERS["hot"] = informers = Informers(context)
+    informers.start()
     if config.metrics_port:
         from prometheus_client import start_http_server
 
@@ -104,7 +114,16 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         log.warning("CORRAL_TOKEN_SECRET is not set: execd tokens change when the operator restarts")
     log.info("corral operator started (workers=%d, execd image %s)", config.workers, config.execd_image)
     await _follow_peering(context, settings)
+    if context.leadership.active:  # else at the first takeover (_hold_or_resync)
+        _check_kopf_indices(context)
     await claims_api.start(context)  # the claims HTTP API, if CORRAL_API_TOKEN(_FILE) is set
+
+
+def _check_kopf_indices(context: Context) -> None:
+    """Let the Cache know when kopf's indices are complete even if kopf never calls a handler (resync.py)."""
+    if context.cache.kopf_at is None and "kopf" not in STATE_TASKS:
+        STATE_TASKS["kopf"] = asyncio.create_task(kopf_indices_complete(context, dict(KOPF_INDEX_OBJECTS)),
+                                                  name="corral-kopf-ready")
 
 
 async def _follow_peering(context: Context, settings: kopf.OperatorSettings) -> None:
@@ -136,6 +155,7 @@ def _hold_or_resync(context: Context, active: bool) -> None:
         STATE_TASKS["resync"] = asyncio.create_task(resync(context), name="corral-resync")
     else:
         context.queue.release()
+        _check_kopf_indices(context)
 
 
 _MARKING = asyncio.Lock()
@@ -157,8 +177,11 @@ async def _mark_pod(context: Context) -> None:
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
     await claims_api.stop()
-    if (task := STATE_TASKS.pop("resync", None)) is not None:
-        task.cancel()
+    for name in ("resync", "kopf"):
+        if (task := STATE_TASKS.pop(name, None)) is not None:
+            task.cancel()
+    if (informers := INFORMERS.pop("hot", None)) is not None:
+        await informers.stop()
     context = STATE.pop("ctx", None)
     if context is not None:
         context.batches.close()
@@ -203,28 +226,9 @@ async def pools_idx(namespace: str | None, name: str, body: Any, **_: Any) -> di
     return {(_ns(namespace), name): _body(body)}
 
 
-# One index per kind, each object under several keys (see Cache): kopf's cost is per handler per event, so one
-# handler returning three keys costs a third of three handlers (measured: kopf's per-event work was ~45% of the
-# operator's CPU in a claim burst).
-
-@kopf.index(GROUP, VERSION, "sandboxclaims")
-async def claims_idx(namespace: str | None, name: str, spec: Any, body: Any, **_: Any) -> dict[Any, Any]:
-    return claim_keys(_ns(namespace), name, spec, _body(body))
-
-
 @kopf.index(GROUP, VERSION, "sandboxbatches")
 async def batches_idx(namespace: str | None, name: str, body: Any, **_: Any) -> dict[Any, Any]:
     return {(_ns(namespace), name): _body(body)}
-
-
-@kopf.index(GROUP, VERSION, "sandboxes")
-async def sandboxes_idx(namespace: str | None, name: str, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
-    return sandbox_keys(_ns(namespace), name, labels, _body(body))
-
-
-@kopf.index("", "v1", "pods", labels={L_SANDBOX: kopf.PRESENT, L_MANAGED_BY: MANAGED_BY})
-async def pods_idx(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[Any, Any]:
-    return {(_ns(namespace), labels[L_SANDBOX]): PodInfo.of(_body(body))}
 
 
 # ---- events -> reconcile requests ------------------------------------------------------------------------------
@@ -276,41 +280,7 @@ async def on_batch(event: kopf.RawEvent, namespace: str | None, name: str, body:
             context.request("Pool", namespace, ref.get("name", ""))
 
 
-@kopf.on.event(GROUP, VERSION, "sandboxclaims")
-async def on_claim(event: kopf.RawEvent, namespace: str | None, name: str, body: Any, **kwargs: Any) -> None:
-    namespace = _ns(namespace)
-    metrics.EVENTS.labels(kind="SandboxClaim").inc()
-    context = _bind(kwargs)
-    context.request("SandboxClaim", namespace, name)
-    claims_api.claim_event(namespace, name)  # wake API calls waiting on this claim
-    if event.get("type") == "DELETED":
-        ref = (body.get("spec") or {}).get("poolRef") or {}
-        if ref.get("kind") == "Pool":
-            context.request("Pool", namespace, ref.get("name", ""))
-
-
-@kopf.on.event(GROUP, VERSION, "sandboxes")
-async def on_sandbox(namespace: str | None, name: str, labels: Any, **kwargs: Any) -> None:
-    namespace = _ns(namespace)
-    metrics.EVENTS.labels(kind="Sandbox").inc()
-    context = _bind(kwargs)
-    context.request("Sandbox", namespace, name)
-    if L_POOL in labels:
-        context.request(labels.get(L_POOL_KIND, "WarmPool"), namespace, labels[L_POOL])
-    claim = labels.get(L_CLAIM)
-    if claim:
-        context.claims.adoption_seen(namespace, name)  # the cache now shows the adoption
-    batch = parse_claim_label(claim)
-    if batch is not None:
-        context.request("SandboxBatch", namespace, batch[0])
-    elif claim:
-        context.request("SandboxClaim", namespace, claim)
-
-
-@kopf.on.event("", "v1", "pods", labels={L_SANDBOX: kopf.PRESENT, L_MANAGED_BY: MANAGED_BY})
-async def on_pod(namespace: str | None, labels: Any, **kwargs: Any) -> None:
-    metrics.EVENTS.labels(kind="Pod").inc()
-    _bind(kwargs).request("Sandbox", _ns(namespace), labels[L_SANDBOX])
+# SandboxClaims, Sandboxes, Pods: corral.operator.informer (react_claim, react_sandbox, react_pod)
 
 
 @kopf.on.probe(id="queue")

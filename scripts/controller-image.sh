@@ -20,7 +20,7 @@ app_version="$("$PY" -c 'from corral.components.controller_values import APP_VER
 # found rather than listed (a hand list left out operator/inflight once, and the image did not start).
 operator_py() { (cd "$REPO_DIR" && find operator -path operator/docker -prune -o -name __pycache__ -prune -o -name '*.py' -print | sort); }
 key="$(cd "$REPO_DIR" && { cat "$0" api/*.py $(operator_py) execd/*.py;
-        echo "$execd_key"; "$PY" -m pip freeze 2>/dev/null | grep -iE '^(kopf|lightkube|aiohttp|fastapi|uvicorn|pydantic|httpx)='; } \
+        echo "$execd_key"; "$PY" -m pip freeze 2>/dev/null | grep -iE '^(kopf|lightkube|aiohttp|msgspec|fastapi|uvicorn|pydantic|httpx)='; } \
         | sha256sum | cut -c1-16)"
 tag="corral/controller:$key"
 build_lock controller

@@ -70,6 +70,11 @@ def test_idle_operator_makes_no_api_calls_and_restarts_with_500_sandboxes(kube, 
     after = operator.metrics()
     calls = {k: after[k] - before.get(k, 0) for k in after
              if k.startswith("corral_api_requests_total") and after[k] != before.get(k, 0)}
+    # The hot kinds' watches (operator/informer.py) are counted as they open: each is renewed when the server ends
+    # it (every 600 s), so a 120 s window may catch one renewal per kind, never more (no re-list, no busy loop).
+    renewals = {k: v for k, v in calls.items() if 'verb="watch"' in k}
+    assert all(v <= 1 for v in renewals.values()), f"watches re-opened while idle: {renewals}"
+    calls = {k: v for k, v in calls.items() if k not in renewals}
     assert calls == {}, f"API calls while idle: {calls}"
     reconciles = {k: after[k] - before.get(k, 0) for k in after
                   if k.startswith("corral_reconciles_total") and after[k] != before.get(k, 0)}

@@ -113,32 +113,34 @@ class FakeKube:
 
 
 def test_resume_waits_for_the_relist_hides_ghosts_and_redoes_everything():
+    """kopf's kinds (here WarmPools) are checked on resume; the informers' kinds are current already."""
     from types import SimpleNamespace
 
     from corral.operator.leadership import Leadership
     from corral.operator.resync import resync
 
-    pool = {"corral.dev/pool": "wp", "corral.dev/pool-kind": "WarmPool"}
-    kept, ghost = body("Sandbox", "kept", "u-kept", pool), body("Sandbox", "ghost", "u-ghost", pool)
-    newer = body("Sandbox", "newer", "u-newer", pool)
+    kept, ghost, newer = (body("WarmPool", n, f"u-{n}") for n in ("kept", "ghost", "newer"))
     newer["metadata"]["resourceVersion"] = "99"  # created after the listing: not a ghost
-    late = body("Sandbox", "late", "u-late", pool)  # on the server, not yet re-listed by kopf
-    cache = cache_of([], [kept, ghost, newer])
+    late = body("WarmPool", "late", "u-late")  # on the server, not yet re-listed by kopf
+    cache = cache_of([], [])
+    for b in (kept, ghost, newer):
+        cache._idx["warmpools_idx"][("ns", b["metadata"]["name"])] = [b]
     requested: list[tuple[str, str, str]] = []
 
     async def main() -> None:
         queue = WorkQueue(lambda key: asyncio.sleep(0))
         queue.hold()
-        ctx = SimpleNamespace(kube=FakeKube({"Sandbox": [kept, late]}, rv=50), cache=cache, queue=queue,
+        kube = FakeKube({"WarmPool": [kept, late]}, rv=50)
+        ctx = SimpleNamespace(kube=kube, cache=cache, queue=queue,
                               leadership=Leadership(), request=lambda *key: requested.append(key))
         task = asyncio.create_task(resync(ctx))
         await asyncio.sleep(0.2)
         assert not task.done() and queue.held  # waits for kopf's re-list to bring "late"
-        for k, v in sandbox_keys("ns", "late", pool, late).items():
-            cache._idx["sandboxes_idx"].setdefault(k, []).append(v)
+        cache._idx["warmpools_idx"][("ns", "late")] = [late]
         await asyncio.wait_for(task, 5)
         assert not queue.held
+        assert kube.lists == 4  # kopf's four kinds, once each
 
     asyncio.run(main())
-    assert sorted(m.name for m in cache.members("ns", "WarmPool", "wp")) == ["kept", "late", "newer"]
-    assert sorted(name for kind, _, name in requested if kind == "Sandbox") == ["kept", "late", "newer"]
+    assert sorted(w["metadata"]["name"] for w in cache.list("WarmPool", "ns")) == ["kept", "late", "newer"]
+    assert sorted(name for kind, _, name in requested if kind == "WarmPool") == ["kept", "late", "newer"]
