@@ -438,10 +438,10 @@ class Informer:
 
     # -- events --
     def _apply(self, event: str, obj: Any) -> None:
-        uid, keys = self.spec.keys(obj)
         if event == "DELETED":
-            self.store.remove(uid)
+            self.store.remove(obj.metadata.uid)
         else:
+            uid, keys = self.spec.keys(obj)
             self.store.put(uid, keys, obj)
         self._react(event, obj)
 
