@@ -77,6 +77,9 @@ CLUSTER_RULES: tuple[Rule, ...] = (
          ("create", "patch")),
     Rule("kopf discovers the Corral resources as their CRDs appear (read only)",
          ("apiextensions.k8s.io",), ("customresourcedefinitions",), ("get", "list", "watch")),
+    Rule("sharded mode: each replica holds the Leases of its shards and one membership Lease, renewed with "
+         "resourceVersion preconditions, watched to see the others (corral.operator.shards)",
+         ("coordination.k8s.io",), ("leases",), ("get", "list", "watch", "create", "patch", "delete")),
     Rule("kopf peering (leader election): replicas announce themselves; only the highest priority acts",
          ("kopf.dev",), ("clusterkopfpeerings", "kopfpeerings"), ("get", "list", "watch", "patch")),
 )

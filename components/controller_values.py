@@ -74,6 +74,19 @@ class Metrics(Model):
     service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor, description="ServiceMonitor.")
 
 
+class Sharding(Model):
+    enabled: bool = Field(default=False, description=(
+        "Sharded mode: every replica acts, each on the pools (and their claims, sandboxes and batches) of the shards "
+        "it holds, one Lease per shard; N replicas serve about N times the claims. Replaces peering (every replica "
+        "runs standalone kopf); the claims API Service then routes to every replica, which forwards a request to the "
+        "replica holding its pool's shard."))
+    shards: int = Field(default=8, ge=1, le=256, description=(
+        "Shard leases (CORRAL_SHARDS): at least the replicas you will run; pools are hashed into them."))
+    lease_seconds: int = Field(default=15, ge=3, le=300, description=(
+        "leaseDurationSeconds of each shard lease (CORRAL_SHARD_LEASE_SECONDS): a dead replica's shards move this "
+        "long after its last renewal; each held lease is renewed every third of it."))
+
+
 class Api(Model):
     enabled: bool = Field(default=True, description="Serve the claims HTTP API (SDK, CLI).")
     port: int = Field(default=7780, ge=1024, le=65535, description="Claims API port.")
@@ -124,6 +137,7 @@ class OperatorValues(Model):
         default="Recreate", description="Deployment strategy. Recreate never runs two operators; RollingUpdate is "
                                         "safe only with peering enabled.")
     peering: Peering = Field(default_factory=Peering, description="Leader election via kopf peering.")
+    sharding: Sharding = Field(default_factory=Sharding, description="Sharded mode (more than one active replica).")
     resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
     workers: int = Field(default=64, ge=1, le=1024, description="Concurrent reconciles (CORRAL_WORKERS).")
     max_batch: int = Field(default=32, ge=1, le=500, description="Largest create/delete batch (slow-start cap).")
@@ -149,9 +163,10 @@ class OperatorValues(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> OperatorValues:
-        if self.replicas > 1 and not self.peering.enabled:
-            raise ValueError("replicas > 1 needs peering.enabled: true (otherwise every replica acts)")
-        if self.strategy == "RollingUpdate" and not self.peering.enabled:
+        if self.replicas > 1 and not self.peering.enabled and not self.sharding.enabled:
+            raise ValueError("replicas > 1 needs peering.enabled: true or sharding.enabled: true (otherwise every "
+                             "replica acts on everything)")
+        if self.strategy == "RollingUpdate" and not self.peering.enabled and not self.sharding.enabled:
             raise ValueError("strategy RollingUpdate needs peering.enabled: true (two operators would act at once)")
         return self
 

@@ -22,6 +22,9 @@ def kopf_args(argv: list[str]) -> list[str]:
     if not any(a.startswith("--liveness") for a in args):
         # kopf's health endpoint: 200 while the operator runs, with Corral's probe (cache ready, pending timers).
         args.append(f"--liveness=http://0.0.0.0:{os.environ.get('CORRAL_HEALTH_PORT', '8080')}/healthz")
+    if os.environ.get("CORRAL_SHARDS", "0") not in ("", "0") and \
+            not any(a.startswith(("--peering", "--standalone")) for a in args):
+        args.append("--standalone")  # sharded mode: every replica acts (corral.operator.shards), no kopf peering
     if any(a.startswith("--peering") for a in args) and not any(a.startswith("--priority") for a in args):
         args.append(f"--priority={1 + secrets.randbelow(2**31 - 1)}")
     return ["run", "-m", "corral.operator.handlers", *args]

@@ -103,6 +103,8 @@ class Context:
     _http: httpx.AsyncClient | None = None
     # SandboxBatches: per-index entries, task followers, batches waiting for a pool (batchbook.py)
     batches: BatchBook = field(default_factory=BatchBook)
+    # sharded mode (corral.operator.shards.Shards): only keys of the shards this replica holds are reconciled
+    shards: Any = None
 
     def __post_init__(self) -> None:
         self.token_key = (self.settings.token_secret or secrets.token_hex(32)).encode()
@@ -146,8 +148,12 @@ class Context:
         return self.pool_locks.hold(ns, name)
 
     # ---- reconcile requests ----------------------------------------------------------------------------------------
+    def owns(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether this replica reconciles the key (always, unless sharded and its shard is another's)."""
+        return self.shards is None or self.shards.owns_key((kind, namespace, name))
+
     def request(self, kind: str, namespace: str, name: str) -> None:
-        if self.queue is not None:
+        if self.queue is not None and self.owns(kind, namespace, name):
             self.queue.add((kind, namespace, name))
 
     def cancel_at(self, kind: str, namespace: str, name: str) -> None:
@@ -155,5 +161,5 @@ class Context:
             self.queue.cancel_at((kind, namespace, name))
 
     def request_at(self, kind: str, namespace: str, name: str, when: float) -> None:
-        if self.queue is not None:
+        if self.queue is not None and self.owns(kind, namespace, name):
             self.queue.add_at((kind, namespace, name), when)

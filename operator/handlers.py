@@ -30,6 +30,7 @@ from .reconcile.pools import reconcile_pool, reconcile_warmpool
 from .reconcile.sandboxes import reconcile_sandbox
 from .reconcile.templates import reconcile_template
 from .resync import kopf_indices_complete, resync
+from .shards import ShardSettings, start_shards
 from .workqueue import WorkQueue
 
 log = logging.getLogger("corral.operator")
@@ -61,6 +62,8 @@ async def dispatch(key: tuple[str, str, str]) -> None:
     context = ctx()
     if not context.cache.ready:  # the informers' initial listings and kopf's indices first: no partial picture
         await context.cache.wait_ready()
+    if not context.owns(kind, ns, name):  # sharded: its shard is another replica's (or went while the key waited)
+        return
     try:
         await RECONCILERS[kind](context, ns, name)
         metrics.RECONCILES.labels(kind=kind, result="ok").inc()
@@ -113,7 +116,10 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     if not config.token_secret:
         log.warning("CORRAL_TOKEN_SECRET is not set: execd tokens change when the operator restarts")
     log.info("corral operator started (workers=%d, execd image %s)", config.workers, config.execd_image)
-    await _follow_peering(context, settings)
+    if shard_settings := ShardSettings.from_env(api_port=claims_api.ApiSettings.from_env().port):
+        start_shards(context, shard_settings, os.environ.get("POD_ID", ""))  # standalone kopf, sharded reconciles
+    else:
+        await _follow_peering(context, settings)
     if context.leadership.active:  # else at the first takeover (_hold_or_resync)
         _check_kopf_indices(context)
     await claims_api.start(context)  # the claims HTTP API, if CORRAL_API_TOKEN(_FILE) is set
@@ -184,6 +190,8 @@ async def cleanup(**_: Any) -> None:
         await informers.stop()
     context = STATE.pop("ctx", None)
     if context is not None:
+        if context.shards is not None:
+            await context.shards.stop()  # release the shards now: the other replicas take them at once
         context.batches.close()
         await context.leadership.stop()
         if context.leadership.active:

@@ -25,6 +25,7 @@ from lightkube.config.client_adapter import verify_cluster
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import Status
 from lightkube.operators import exists
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.types import CascadeType, PatchType
@@ -46,6 +47,7 @@ RESOURCES: dict[str, Any] = {
     "SandboxClaim": SandboxClaimRes, "SandboxBatch": SandboxBatchRes, "Pod": Pod,
     "PersistentVolumeClaim": PersistentVolumeClaim,
     "Service": Service, "NetworkPolicy": NetworkPolicy, "Secret": Secret,
+    "Lease": Lease,  # sharded mode's shard and member leases (corral.operator.shards)
 }
 WRITE_VERBS = {"create", "patch", "delete", "update"}
 

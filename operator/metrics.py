@@ -4,7 +4,7 @@ The claim and pool metrics are the core's (corral.operator.core.metrics: the sam
 runtime's); the ones here are about the Kubernetes API and the reconcilers, and exist in this mode only.
 """
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from .core.metrics import CLAIM_LATENCY, CLAIMS, POOL_SANDBOXES  # noqa: F401 - one /metrics, one module to look in
 
@@ -14,3 +14,7 @@ API_REQUESTS = Counter("corral_api_requests_total", "Kubernetes API requests by 
 EVENTS = Counter("corral_watch_events_total", "Watch events handled, by kind.", ["kind"])
 API_LATENCY = Histogram("corral_api_request_seconds", "Kubernetes API request latency by verb (reconcilers' calls).",
                         ["verb"], buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+LOST_BINDS = Counter("corral_claim_lost_binds_total", "Claims this replica adopted or created a sandbox for but "
+                     "another replica bound first (sharded mode, a shard changing hands): the sandbox taken was "
+                     "deleted.")
+SHARDS_HELD = Gauge("corral_shards_held", "Shards this replica holds (sharded mode).")

@@ -77,6 +77,13 @@ class WorkQueue(Generic[Key]):
         if current:
             current[1].cancel()
 
+    def cancel_where(self, pred: Callable[[Key], bool]) -> int:
+        """Cancel the pending timers of every key `pred` picks (a shard this replica no longer holds); how many."""
+        keys = [k for k in self._timers if pred(k)]
+        for k in keys:
+            self.cancel_at(k)
+        return len(keys)
+
     def _fire(self, key: Key) -> None:
         self._timers.pop(key, None)
         self.add(key)

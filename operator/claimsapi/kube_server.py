@@ -58,7 +58,14 @@ class _Server:
                 yield
 
         self.backend, self.settings = backend, settings
-        config = uvicorn.Config(create_app(backend, settings.token), log_level="warning", lifespan="on",
+        app = create_app(backend, settings.token)
+        if getattr(backend.ctx, "shards", None) is not None:  # sharded: innermost, after the edge's token check
+            from starlette.middleware import Middleware
+
+            from .routing import ShardRouter
+
+            app.user_middleware.append(Middleware(ShardRouter, backend=backend))
+        config = uvicorn.Config(app, log_level="warning", lifespan="on",
                                 access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5, backlog=2048)
         self.server = Server(config)
         self.task: asyncio.Task | None = None

@@ -26,6 +26,7 @@ from ..core import lifecycle, metrics
 from ..core import vocabulary as v
 from ..core.admission import Refusal, admit_claim, template_env_names
 from ..kube import ignore, status_code
+from ..metrics import LOST_BINDS
 from ..planning import Member, adoption_candidates
 from ..views import ClaimView, PoolView, SandboxView, TemplateView, checked, status_patch
 from .conditions import now_iso, set_condition
@@ -51,11 +52,13 @@ def admission(spec: SandboxClaimSpec, template: SandboxTemplateSpec) -> Refusal 
                        volume_policy=template.volume_claim_templates_policy)
 
 
-async def _status(ctx: Context, claim: ClaimView, **fields: Any) -> None:
-    """Write the claim's status (SandboxClaimStatus fields); a phase that ends its wait is remembered until the watch
-    shows it (see `reconcile_claim`)."""
-    patch = checked(SandboxClaimStatus, status_patch(SandboxClaimStatus, **fields))
-    await ctx.kube.patch("SandboxClaim", claim.name, claim.namespace, {"status": patch}, status=True)
+async def _status(ctx: Context, claim: ClaimView, *, resource_version: str | None = None, **fields: Any) -> None:
+    """Write the claim's status (SandboxClaimStatus fields), conditional on `resource_version` if given; a phase that
+    ends its wait is remembered until the watch shows it (see `reconcile_claim`)."""
+    patch: dict[str, Any] = {"status": checked(SandboxClaimStatus, status_patch(SandboxClaimStatus, **fields))}
+    if resource_version:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    await ctx.kube.patch("SandboxClaim", claim.name, claim.namespace, patch, status=True)
     if fields.get("phase") in (v.BOUND, *v.FINAL_RESOURCE_PHASES):
         ctx.claims.phase_written(claim.namespace, claim.name, fields["phase"])
 
@@ -217,14 +220,48 @@ async def _inject_env(ctx: Context, claim: ClaimView, m: Member, env: list[dict[
 
 
 async def _bind(ctx: Context, claim: ClaimView, m: Member, launch: str, pool: str, first_seen: float) -> None:
+    """The claim's Bound status, written only over the version of the claim this pass decided on: of two replicas
+    binding one claim at once (a shard changing hands, corral.operator.shards), one write wins; the other finds the
+    claim bound to another sandbox and gives back the one it took (`_lost_bind`). A 409 for any other change (a
+    label, our own earlier Pending write) is retried over the fresh version, after one read."""
     gen = claim.generation
     sandbox = status_patch(ClaimedSandbox, name=m.name, pod_ips=list(m.pod_ips), endpoint=m.endpoint)
-    await _status(
-        ctx, claim, phase=v.BOUND, sandbox=sandbox, launch_type=launch, bound_time=now_iso(), observed_generation=gen,
-        conditions=set_condition(claim.conditions, v.BOUND, True, v.R_BOUND,
-                                 f"bound to sandbox {m.name} ({launch.lower()} start)", gen))
+    body, rv = claim.body, claim.body["metadata"].get("resourceVersion")
+    for attempt in range(4):
+        try:
+            await _status(
+                ctx, ClaimView(body), resource_version=rv, phase=v.BOUND, sandbox=sandbox, launch_type=launch,
+                bound_time=now_iso(), observed_generation=gen,
+                conditions=set_condition(ClaimView(body).conditions, v.BOUND, True, v.R_BOUND,
+                                         f"bound to sandbox {m.name} ({launch.lower()} start)", gen))
+            break
+        except Exception as exc:  # noqa: BLE001
+            if status_code(exc) != 409 or attempt == 3:
+                raise
+        body = await ctx.kube.get("SandboxClaim", claim.name, claim.namespace)
+        rv = body["metadata"].get("resourceVersion")
+        current = ClaimView(body)
+        if current.phase == v.BOUND and current.sandbox_name == m.name and body["metadata"].get("uid") == claim.uid:
+            ctx.claims.phase_written(claim.namespace, claim.name, v.BOUND)
+            break  # another pass wrote this very binding
+        if body["metadata"].get("uid") != claim.uid or current.phase in v.FINAL_RESOURCE_PHASES or \
+                (current.sandbox_name and current.sandbox_name != m.name):
+            await _lost_bind(ctx, claim, m, current.sandbox_name)
+            return
     metrics.claim_bound(pool, launch, time.time() - first_seen)
     ctx.claims.decided(claim.namespace, claim.name)
+
+
+async def _lost_bind(ctx: Context, claim: ClaimView, m: Member, winner: str | None) -> None:
+    """Another pass (another replica) bound the claim first: the sandbox this one adopted or created for it is
+    nobody's. It is deleted (conditional on its uid): it may hold the claim's execd token and env, and its pool
+    refills."""
+    log.warning("claim %s/%s was bound to %s by another replica meanwhile; deleting sandbox %s taken for it",
+                claim.namespace, claim.name, winner, m.name)
+    LOST_BINDS.inc()
+    ctx.claims.unbind(claim.namespace, claim.name)
+    if m.name != winner:
+        await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, claim.namespace, uid=m.uid or None))
 
 
 async def _cold(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, pool: PoolView, template: TemplateView,
@@ -302,6 +339,8 @@ async def _bound(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, sandbox
     ns, name = claim.key
     shutdown = spec.lifecycle.shutdown_time.timestamp() if spec.lifecycle.shutdown_time else 0.0
     policy = spec.lifecycle.shutdown_policy
+    if sandbox is not None and claim.sandbox_name:
+        sandbox = await _drop_extras(ctx, claim, claim.sandbox_name) or sandbox
     if sandbox is None:
         expected = claim.sandbox_name
         if ctx.claims.is_bound(ns, name):
@@ -337,6 +376,23 @@ async def _bound(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, sandbox
         await ignore({404}, ctx.kube.delete("Sandbox", sandbox.name, ns))
         await finish(ctx, claim, v.FINISHED, v.R_SHUTDOWN_TIME,
                      f"shutdownTime reached; sandbox {sandbox.name} deleted")
+
+
+async def _drop_extras(ctx: Context, claim: ClaimView, bound_to: str) -> Member | None:
+    """The sandbox the claim's status names; any other sandbox labelled for the claim is deleted (conditional on its
+    uid). There is one only when two replicas acted on the claim at once (a shard changing hands, see
+    corral.operator.shards): the one that lost the status write may have started a cold sandbox meanwhile, or died
+    before giving back what it adopted."""
+    found = None
+    for m in ctx.cache.claim_sandboxes(claim.namespace, claim.name):
+        if m.name == bound_to:
+            found = m
+        elif not m.deleting:
+            log.warning("claim %s/%s is bound to %s; deleting sandbox %s also labelled for it", claim.namespace,
+                        claim.name, bound_to, m.name)
+            LOST_BINDS.inc()
+            await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, claim.namespace, uid=m.uid or None))
+    return found
 
 
 async def _after_finish(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, now: float) -> None:

@@ -1,0 +1,250 @@
+"""Sharded mode (corral.operator.shards): two operator replicas, each reconciling the pools of the shards it holds
+under its own Lease. Both serve claims at once, on pools of different shards, through either replica's claims API
+(a request for the other's pool is forwarded to it); an idle pair makes no API call but its lease renewals; SIGKILL
+one, and its shards move to the survivor within the lease time, with no claim lost or bound twice while the claims
+API keeps answering through the survivor. And when two replicas both act on one pool at once (the moment of a
+handover, made permanent here by giving each a shard group of its own), no sandbox is bound to two claims and no
+claim to two sandboxes."""
+
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from kubeutil import Sandbox, SandboxClaim, claim, idle_ready, template, wait_until, warm_pool
+from lightkube.resources.coordination_v1 import Lease
+
+from corral.operator.shards import shard_of
+
+pytestmark = pytest.mark.kube
+
+SHARDS = 4
+LEASE = 5  # seconds
+
+
+def auth(op) -> dict[str, str]:
+    return {"Authorization": f"Bearer {op.api_token}"}
+
+
+def metric(op, prefix: str) -> float:
+    return sum(v for k, v in op.metrics().items() if k.startswith(prefix))
+
+
+def binds(op) -> float:
+    return metric(op, "corral_claim_latency_seconds_count")
+
+
+def sharded(operator, kube_cluster, tmp_path, ns: str, name: str, group: str, shards: int = SHARDS):
+    op = type(operator)(kube_cluster.kubeconfig, tmp_path / name)
+    op.log_dir.mkdir()
+    op.mode = []  # CORRAL_SHARDS makes it standalone kopf
+    op.env = {"CORRAL_SHARDS": str(shards), "CORRAL_SHARD_LEASE_SECONDS": str(LEASE), "CORRAL_SHARD_GROUP": group,
+              "CORRAL_NAMESPACE": ns, "CORRAL_API_NAMESPACE": ns}
+    op.start()
+    return op
+
+
+def holders(kube, ns: str, group: str) -> tuple[dict[int, str | None], dict[str, str]]:
+    """(shard -> holder identity, api address -> identity) from the leases."""
+    shards, members = {}, {}
+    for lease in kube.list(Lease, namespace=ns, labels={"corral.dev/shards": group}):
+        name, spec = lease.metadata.name, lease.spec
+        if name.startswith(f"{group}-shard-"):
+            shards[int(name.rsplit("-", 1)[1])] = spec.holderIdentity
+        elif name.startswith(f"{group}-replica-"):
+            members[(lease.metadata.annotations or {}).get("corral.dev/claims-api-address", "")] = spec.holderIdentity
+    return shards, members
+
+
+def claims_per_sandbox(kube, ns: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """claim -> the live sandboxes labelled for it; claim -> the sandbox its status names."""
+    labelled: dict[str, list[str]] = {}
+    for s in kube.list(Sandbox, namespace=ns):
+        c = (s.metadata.labels or {}).get("corral.dev/claim")
+        if c and not s.metadata.deletionTimestamp:
+            labelled.setdefault(c, []).append(s.metadata.name)
+    named = {c.metadata.name: ((c.status or {}).get("sandbox") or {}).get("name")
+             for c in kube.list(SandboxClaim, namespace=ns)}
+    return labelled, named
+
+
+def assert_bound_once(kube, ns: str, names: list[str]) -> None:
+    def settled():
+        labelled, named = claims_per_sandbox(kube, ns)
+        bad = {n: (labelled.get(n), named.get(n)) for n in names if labelled.get(n) != [named.get(n)]}
+        return (labelled, named) if not bad else None
+
+    labelled, named = wait_until(settled, 60, 0.5, "every claim bound to exactly the one sandbox its status names",
+                                 dump=lambda: claims_per_sandbox(kube, ns))
+    sandboxes = [named[n] for n in names]
+    assert len(set(sandboxes)) == len(sandboxes), f"a sandbox bound to two claims: {Counter(sandboxes)}"
+
+
+def test_two_sharded_replicas_serve_claims_at_once_and_survive_sigkill(kube, kube_cluster, operator, ns, tmp_path):
+    operator.stop()  # the session's standalone operator steps aside
+    replicas = []
+    try:
+        for i in range(2):
+            replicas.append(sharded(operator, kube_cluster, tmp_path, ns, f"r{i}", group=ns))
+        r0, r1 = replicas
+
+        def split():
+            shards, members = holders(kube, ns, ns)
+            ids = {op: members.get(op.api_url) for op in replicas}
+            counts = Counter(shards.values())
+            ok = len(shards) == SHARDS and all(ids.values()) and [counts[ids[op]] for op in replicas] == [2, 2]
+            return (shards, ids) if ok else None
+
+        shards, ids = wait_until(split, 60, 0.25, "two shards each",
+                                 dump=lambda: (holders(kube, ns, ns), [op.log()[-1500:] for op in replicas]))
+        # one pool in a shard of each replica
+        pools = {}
+        for op in replicas:
+            pools[op] = next(f"wp{i}" for i in range(100)
+                             if shards[shard_of(ns, "WarmPool", f"wp{i}", SHARDS)] == ids[op])
+        kube.create(template("py"), namespace=ns)
+        for op in replicas:
+            kube.create(warm_pool(pools[op], "py", 4), namespace=ns)
+        for op in replicas:
+            wait_until(lambda p=pools[op]: len(idle_ready(kube, ns, p)) == 4, 60, 0.25, f"{pools[op]} ready",
+                       dump=op.log)
+
+        # Both replicas serve at once: claims on both pools, each sent to both replicas' APIs at the same time.
+        before = {op: binds(op) for op in replicas}
+        results: dict[str, httpx.Response] = {}
+
+        def create(via, pool: str, name: str) -> None:
+            results[name] = httpx.post(f"{via.api_url}/v1/claims", json={"pool": pool, "name": name},
+                                       headers=auth(via), timeout=90)
+
+        threads = [threading.Thread(target=create, args=(via, pools[owner], f"c-{i}-{j}-{k}"))
+                   for i, via in enumerate(replicas) for j, owner in enumerate(replicas) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert {n: r.status_code for n, r in results.items()} == {n: 201 for n in results}, \
+            {n: r.text for n, r in results.items() if r.status_code != 201}
+        # a request for the other replica's pool was forwarded to it (and says which shard)
+        forwarded = [n for n, r in results.items() if "x-corral-shard" in r.headers]
+        assert sorted(forwarded) == sorted(f"c-{i}-{j}-{k}" for i in range(2) for j in range(2) for k in range(2)
+                                           if i != j), forwarded
+        # each replica bound the claims of its own pool: four each
+        wait_until(lambda: all(binds(op) - before[op] == 4 for op in replicas), 10, 0.25, "4 binds each",
+                   dump=lambda: {op.api_url: binds(op) - before[op] for op in replicas})
+        first = sorted(results)
+        assert_bound_once(kube, ns, first)
+
+        # Idle: no API call but the lease renewals, at a bounded rate (each replica renews its 2 shard leases and
+        # its member lease every LEASE/3 s).
+        for op in replicas:
+            wait_until(lambda p=pools[op]: len(idle_ready(kube, ns, p)) == 4, 60, 0.25, "refilled")
+        time.sleep(2)
+        snap = [op.metrics() for op in replicas]
+        window = 12.0
+        time.sleep(window)
+        for op, before_m in zip(replicas, snap, strict=True):
+            after = op.metrics()
+            changed = {k: after[k] - before_m.get(k, 0) for k in after
+                       if k.startswith(("corral_api_requests_total", "corral_reconciles_total"))
+                       and after[k] != before_m.get(k, 0)}
+            leases = {k: n for k, n in changed.items() if 'resource="Lease"' in k}
+            others = {k: n for k, n in changed.items() if k not in leases}
+            assert others == {}, f"API calls or reconciles while idle, besides lease renewals: {others}"
+            renewals = sum(leases.values())
+            bound = 3 * (window / (LEASE / 3) + 1)
+            assert 0 < renewals <= bound, f"{renewals} lease calls in {window}s (bound {bound}): {leases}"
+
+        # SIGKILL r1 while claims on both pools are being made through r0's API: r1's shards move to r0.
+        results.clear()
+        threads = [threading.Thread(target=create, args=(r0, pools[owner], f"k-{j}-{k}"))
+                   for j, owner in enumerate(replicas) for k in range(3)]
+        for t in threads[::2]:
+            t.start()
+        r1.kill()
+        t0 = time.monotonic()
+        for t in threads[1::2]:
+            t.start()
+        moved = wait_until(lambda: set(holders(kube, ns, ns)[0].values()) == {ids[r0]}, LEASE * 3, 0.1,
+                           "every shard held by the survivor", dump=lambda: (holders(kube, ns, ns), r0.log()[-3000:]))
+        took = time.monotonic() - t0
+        assert moved and took < LEASE * 2, f"shards moved {took:.1f}s after the kill (lease {LEASE}s)"
+        for t in threads:
+            t.join()
+        assert {n: r.status_code for n, r in results.items()} == {n: 201 for n in results}, \
+            {n: r.text for n, r in results.items() if r.status_code != 201}
+        # the claims API keeps answering through the survivor, for claims on the dead replica's pool too
+        resp = httpx.post(f"{r0.api_url}/v1/claims", json={"pool": pools[r1], "name": "after"}, headers=auth(r0),
+                          timeout=90)
+        assert resp.status_code == 201, resp.text
+        listed = httpx.get(f"{r0.api_url}/v1/claims", headers=auth(r0), timeout=10)
+        assert listed.status_code == 200
+        everything = [*first, *results, "after"]
+        phases = {c["name"]: c["phase"] for c in listed.json()["items"]}
+        assert all(phases.get(n) == "Ready" for n in everything), phases  # none lost
+        assert_bound_once(kube, ns, everything)
+        # and the dead replica's pool is refilled by the survivor
+        wait_until(lambda: len(idle_ready(kube, ns, pools[r1])) == 4, 60, 0.25, "the moved pool refilled",
+                   dump=r0.log)
+        print(f"shards moved {took:.1f}s after SIGKILL (lease {LEASE}s)")
+    finally:
+        for op in replicas:
+            op.stop()
+        operator.start()
+
+
+def test_two_replicas_acting_on_one_pool_at_once_never_bind_twice(kube, kube_cluster, operator, ns, tmp_path):
+    """Split brain on purpose: each replica has a shard group of its own with one shard, so both hold the pool's
+    shard and both reconcile every claim. The adoption patch (resourceVersion of the sandbox) and the Bound status
+    write (resourceVersion of the claim) leave every claim with one sandbox and every sandbox with one claim."""
+    operator.stop()
+    replicas = []
+    try:
+        for i in range(2):
+            replicas.append(sharded(operator, kube_cluster, tmp_path, ns, f"r{i}", group=f"{ns}-{i}", shards=1))
+        kube.create(template("py"), namespace=ns)
+        kube.create(warm_pool("wp", "py", 30), namespace=ns)
+        wait_until(lambda: len(idle_ready(kube, ns, "wp")) >= 30, 120, 0.5, "30 ready",
+                   dump=lambda: replicas[0].log()[-2000:])
+        before = {op: (binds(op), metric(op, "corral_claim_lost_binds_total")) for op in replicas}
+        # every sandbox each claim's status ever named, as the watch delivers it: a client that saw a claim Ready
+        # must never see it move to another sandbox (a last-writer-wins status would)
+        seen: dict[str, set[str]] = {}
+        stop = threading.Event()
+
+        def watch() -> None:
+            from lightkube import Client, KubeConfig
+
+            client = Client(config=KubeConfig.from_file(kube_cluster.kubeconfig))
+            for _type, obj in client.watch(SandboxClaim, namespace=ns):
+                name = ((obj.status or {}).get("sandbox") or {}).get("name")
+                if name:
+                    seen.setdefault(obj.metadata.name, set()).add(name)
+                if stop.is_set():
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        time.sleep(0.5)
+        names = [f"c{i}" for i in range(20)]
+        for n in names:
+            kube.create(claim(n, "wp"), namespace=ns)
+        wait_until(lambda: all((c.status or {}).get("phase") == "Bound"
+                               for c in kube.list(SandboxClaim, namespace=ns)), 60, 0.25, "all Bound")
+        assert_bound_once(kube, ns, names)
+        time.sleep(2)
+        stop.set()
+        kube.create(claim("last", "wp"), namespace=ns)  # one more event: the watcher sees `stop`
+        assert sorted(seen) == sorted([*names, "last"]) or sorted(seen) == sorted(names), seen
+        moved = {n: s for n, s in seen.items() if len(s) != 1}
+        assert not moved, f"claims whose status named two sandboxes: {moved}"
+        # both replicas did act on these claims (or the test proved nothing): each bound some, or lost a race
+        acted = {op.api_url: (binds(op) - before[op][0],
+                              metric(op, "corral_claim_lost_binds_total") - before[op][1]) for op in replicas}
+        assert all(b + lost > 0 for b, lost in acted.values()), acted
+        print(f"split brain: (binds, lost binds) per replica {acted}")
+    finally:
+        for op in replicas:
+            op.stop()
+        operator.start()
