@@ -7,7 +7,7 @@ watch timestamps: the time this process receives the claim's ADDED event to the 
 shows it Bound. Writes JSON and PNGs into bench/claims_k8s/results/.
 
     .venv/bin/python bench/claims_k8s/bench.py [--kubeconfig PATH] [--quick] [--only PHASE,...]
-        [--rate 50,100] [--duration 300] [--operator-rev REV]
+        [--rate 50,100] [--duration 300] [--operator-rev REV] [--tag TAG] [--note TEXT]
 
 Phases (all by default, in this order; --only runs a subset, each one alone if need be):
   ceiling       the control plane alone: the burst's claim-path writes, before the operator starts -> apiserver_ceiling
@@ -24,13 +24,15 @@ Phases (all by default, in this order; --only runs a subset, each one alone if n
   cold          20 claims from an empty pool -> cold_sequential
   sustained     claims created at --rate per second for --duration s (open loop), each deleted 1 s after it is
                 Bound, one run per rate (stopped early once 10 s of claims wait unbound): per-second latency,
-                operator CPU and RSS, backlog, API writes per claim -> sustained (a list, one entry per rate) and
-                <name>-sustained.png (issue 18)
+                operator CPU and RSS, backlog, cold claims, API writes per claim (all clients, the operator's, its
+                Sandbox status writes), the warm fraction and the pool's refills (count, create -> Ready)
+                -> sustained (a list, one entry per rate) and <name>-sustained.png (issue 18)
   rss           operator RSS with 1,000 sandboxes -> operator_rss
 
-Results: claims-k8s.json/.png for a full run; a run with --only or --quick writes claims-k8s-<phases>[-quick].json
-so that it does not replace the full record. Keys: every key of the records before issue 18 keeps its meaning
-(warm_spaced is the quiet spaced shape, renamed in the phase list only); warm_burst gained
+Results: claims-k8s.json/.png for a full run; a run with --only or --quick writes
+claims-k8s-<phases>[-quick][-<tag>].json so that it does not replace the full record. Keys: every key of the
+records before issue 18 keeps its meaning (warm_spaced is the quiet spaced shape, renamed in the phase list only);
+warm_burst gained
 operator_cpu_ms_per_claim_incl_refill, control_plane_floor_ms and p90_over_floor; new top-level keys are
 warm_spaced_refilling(_other_intervals), sustained, operator (which code ran) and load_average.phases.
 """
@@ -304,6 +306,7 @@ def main() -> None:
     ap.add_argument("--interval", default="0.5,0.2", help="spaced: seconds between claims, one run each (0.5,0.2)")
     ap.add_argument("--spaced-pool", type=int, default=10, help="spaced: the WarmPool's replicas (10)")
     ap.add_argument("--note", default="", help="a remark stored with the results (e.g. what else ran meanwhile)")
+    ap.add_argument("--tag", default="", help="appended to the results' file names (e.g. before/after a change)")
     ap.add_argument("--operator-rev", default="", help="run this git revision's operator (and CRDs), not the "
                     "working tree's: a `git archive` of it under /tmp")
     args = ap.parse_args()
@@ -318,6 +321,7 @@ def main() -> None:
     out = args.out
     name = "claims-k8s" if phases == list(PHASES) else "claims-k8s-" + "-".join(phases)
     name += "-quick" if args.quick else ""
+    name += f"-{args.tag}" if args.tag else ""
     seq_n, burst_n, cold_n, fill_n, rss_n = (20, 50, 5, 50, 100) if args.quick else (100, 300, 20, 300, 1000)
     spaced_n = 30 if args.quick else 100
     out.mkdir(parents=True, exist_ok=True)

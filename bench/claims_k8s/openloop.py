@@ -557,7 +557,8 @@ async def sustained(kubeconfig: str, ns: str, pool: str, replicas: int, rate: fl
         sec = int(row["t"]) - 1
         group = per_s.get(sec, [])
         bind, e2e = claims.bind_ms(group), claims.e2e_ms(group)
-        row.update({"claims": len(group), "bind_p50_ms": round(pct(bind, 50), 1),
+        row.update({"claims": len(group), "cold": sum(1 for n in group if claims.launch.get(n) == "Cold"),
+                    "bind_p50_ms": round(pct(bind, 50), 1),
                     "bind_p99_ms": round(pct(bind, 99), 1), "e2e_p99_ms": round(pct(e2e, 99), 1),
                     "lag_max_ms": round(max(claims.lag_ms(group), default=math.nan), 1)})
     steady = [r for r in rows if 10 <= r["t"] <= schedule_end]  # after the first 10 s, before the drain
@@ -583,6 +584,10 @@ async def sustained(kubeconfig: str, ns: str, pool: str, replicas: int, rate: fl
         "create_failures_or_cancelled": len(claims.failed), "drained": drained, "drain_s": drain_s,
         "achieved_rate_per_s": round(len(created) / max(1e-9, schedule_end), 2),
         "launch": dict(Counter(claims.launch.get(n, "unbound") for n in created)),
+        "warm_fraction": round(sum(1 for n in created if claims.launch.get(n) == "Warm") / nc, 4),
+        # The pool's own refills: sandboxes with its label created during the run (a cold claim's has no pool label).
+        "refills": sum(1 for t in sandboxes.added.values() if t >= start),
+        "refill_created_to_ready": summary(sandboxes.refill_ms(start, sandboxes.ready)),
         "bind": summary(bind), "bind_after_10s": summary(claims.bind_ms(steady_names)),
         "e2e": summary(claims.e2e_ms(created)),
         "create_request": summary([(claims.answered[n] - claims.sent[n]) * 1000 for n in created
@@ -611,6 +616,7 @@ async def sustained(kubeconfig: str, ns: str, pool: str, replicas: int, rate: fl
         "api_writes_per_claim_all_clients": round(sum(dw.values()) / nc, 2),
         "api_writes_by_resource_all_clients": dict(sorted(dw.items())),
         "operator_writes_per_claim": round(sum(dop.values()) / nc, 2),
+        "sandbox_status_writes_per_claim": round(sum(v for k, v in dop.items() if '"Sandbox/status"' in k) / nc, 2),
         "operator_writes_by_resource": dop,
         "api_codes": dict(api.codes),
         "series": rows,

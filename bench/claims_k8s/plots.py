@@ -89,12 +89,14 @@ def plot_sustained(runs: list[dict], path: Path) -> None:
         backlog.plot(t, [r["backlog"] for r in s], color=c, label=f"{tag} backlog")
         backlog.plot(t, [r["pool_idle"] for r in s], color=c, linestyle=":", label=f"{tag} pool idle")
         backlog.plot(t, [r.get("bound_per_s") for r in s], color=c, linestyle="-.", alpha=0.5, label=f"{tag} bound/s")
+        if any(r.get("cold") for r in s):
+            backlog.plot(t, [r.get("cold", 0) for r in s], color=c, linestyle="--", alpha=0.8, label=f"{tag} cold/s")
     lat.axhline(200, color="grey", linestyle=":", label="p99 goal")
     lat.set_yscale("log")
     lat.set_ylabel("claim ADDED -> Bound (ms)\nclaims scheduled that second")
     cpu.set_ylabel("CPU % (200 = 2 cores)")
     rss.set_ylabel("operator RSS (MiB)")
-    backlog.set_ylabel("claims not yet Bound,\nidle pool sandboxes, bound/s")
+    backlog.set_ylabel("claims not yet Bound, idle pool\nsandboxes, bound/s, cold/s")
     backlog.set_xlabel("seconds since the first claim")
     for ax in axes:
         ax.legend(fontsize=7, loc="upper left", ncol=3)

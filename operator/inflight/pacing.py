@@ -10,7 +10,7 @@ when the ready sandboxes would otherwise run out before a sandbox created now is
 
 - claim activity, (kind, ns, pool) -> wall time of the last claim decision (`claim_decided`): a stream is claims
   less than `claim_quiet` apart (`claims_streaming`); and when the current stream began: a refill waits for the
-  claims still undecided (a burst's), unless the stream is an established one (`waits_for_claims`);
+  claims still undecided (a burst's), not those of an established stream (`waits_for_claims`);
 - claim times, (kind, ns, pool) -> the claim decisions of the last `rate_window` seconds: the stream's rate
   (`claim_rate`). A cold claim waiting for its sandbox is decided again on each pass: a pool that ran dry sees a
   higher rate than its claims', and refills harder;
@@ -38,6 +38,7 @@ from typing import Any
 PoolKey = tuple[str, str, str]  # (kind, namespace, pool)
 REFILL_TTL = 120.0  # seconds a refill is followed before it no longer counts as one (a pod that never gets Ready)
 UNSEEN_GRACE = 5.0  # seconds a refill may take to show up in the cache before it counts as gone
+STEADY_STREAM = 10.0  # seconds after which a claim stream is no burst: its refill never waits for its claims
 STATUS_MAX_DEFER = 5.0  # seconds a routine status write waits for a claim stream at most
 LAG_WEIGHT = 0.2  # the weight of a new ready-lag sample in the moving average
 MAX_CLAIM_TIMES = 4096  # claim decisions kept per pool at most (a rate of 2,000/s over the default window)
@@ -88,13 +89,18 @@ class PoolPacing:
         claims are decided before the refill takes the API server (so a burst of N against R ready sandboxes gets
         exactly R warm). Not in a stream going on for `rate_window` seconds or more while the pool has a ready
         sandbox for each waiting claim: at 20 claims a second a claim is nearly always waiting, and the refill has
-        to keep pace among them."""
+        to keep pace among them. Nor in a stream going on for STEADY_STREAM seconds, whatever waits: on a
+        saturated control plane claims queue up, the pool runs dry, and a refill that waited for the queue to
+        clear left every claim cold for as long as the stream lasted."""
         if undecided <= 0:
             return False
-        if undecided > ready_idle:
-            return True
         start = self._stream_start.get((kind, ns, pool))
-        return self.claims_streaming(kind, ns, pool, now) is None or start is None or now - start < self.rate_window
+        if self.claims_streaming(kind, ns, pool, now) is None or start is None:
+            return True
+        age = now - start
+        if age >= STEADY_STREAM:
+            return False  # no burst lasts this long: a pool run dry by a stream must refill, claims waiting or not
+        return age < self.rate_window or undecided > ready_idle
 
     def claim_rate(self, kind: str, ns: str, pool: str, now: float) -> float:
         """Claim decisions per second on this pool over the last `rate_window` seconds."""

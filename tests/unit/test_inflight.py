@@ -158,7 +158,10 @@ def test_a_burst_is_decided_before_the_refill_but_an_established_stream_refills_
         waits = pacing.waits_for_claims(*key, now=now, undecided=2, ready_idle=30)
         assert waits == (now - 100.0 < 2.0), now  # the first 2 s might be a burst; then it is a stream
     assert pacing.waits_for_claims(*key, now=102.96, undecided=31, ready_idle=30)  # more waiting than ready
-    assert pacing.waits_for_claims(*key, now=103.5, undecided=2, ready_idle=30)  # the stream paused: a new one
+    for i in range(60, 220):  # the stream goes on: no burst lasts 10 s; a pool run dry refills, claims waiting
+        pacing.claim_decided(*key, now=100.0 + i * 0.05)
+    assert not pacing.waits_for_claims(*key, now=110.96, undecided=200, ready_idle=0)
+    assert pacing.waits_for_claims(*key, now=111.5, undecided=2, ready_idle=30)  # the stream paused: a new one
 
 
 def test_the_ready_lag_follows_refills_until_ready_and_forgets_those_that_left():
