@@ -127,7 +127,8 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
 
 def _check_kopf_indices(context: Context) -> None:
     """Let the Cache know when kopf's indices are complete even if kopf never calls a handler (resync.py)."""
-    if context.cache.kopf_at is None and "kopf" not in STATE_TASKS:
+    running = STATE_TASKS.get("kopf")
+    if context.cache.kopf_at is None and (running is None or running.done()):
         STATE_TASKS["kopf"] = asyncio.create_task(kopf_indices_complete(context, dict(KOPF_INDEX_OBJECTS)),
                                                   name="corral-kopf-ready")
 

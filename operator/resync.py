@@ -67,17 +67,21 @@ async def kopf_indices_complete(ctx: Context, indices: dict[str, Any], catch_up:
     """At startup (or a first takeover): kopf says its indices are complete only by calling a handler, and calls
     none while its kinds have no objects. So: once kopf's indices hold every object of its kinds the server lists,
     they are complete as of that listing (later objects arrive as events) and the Cache may say so. A kopf handler
-    that runs first binds them anyway (handlers._bind)."""
-    try:
-        _listed, missing = await kopf_caught_up(ctx, catch_up)
-    except Exception:  # noqa: BLE001 - kopf's first handler call binds them then
-        log.exception("startup: could not list kopf's kinds; waiting for kopf's first handler")
-        return
-    if not any(missing.values()):
-        ctx.cache.bind(indices)
-    elif ctx.cache.kopf_at is None:
-        log.warning("startup: kopf's indices still miss %s after %.0fs; waiting for kopf's first handler", missing,
-                    catch_up)
+    that runs first binds them anyway (handlers._bind). Tried again with a backoff while it fails (a new CRD's
+    storage answers 429 for a moment) and the replica is active (a standby's kopf lists nothing)."""
+    delay = 1.0
+    while ctx.cache.kopf_at is None and ctx.leadership.active:
+        try:
+            _listed, missing = await kopf_caught_up(ctx, catch_up)
+            if not any(missing.values()):
+                ctx.cache.bind(indices)
+                return
+            log.warning("startup: kopf's indices still miss %s after %.0fs; again in %.0fs", missing, catch_up,
+                        delay)
+        except Exception as exc:  # noqa: BLE001 - again, after a backoff
+            log.warning("startup: could not list kopf's kinds (%s); again in %.0fs", exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(30.0, delay * 2)
 
 
 async def resync(ctx: Context, catch_up: float = 30.0) -> None:

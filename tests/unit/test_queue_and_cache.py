@@ -144,3 +144,28 @@ def test_resume_waits_for_the_relist_hides_ghosts_and_redoes_everything():
     asyncio.run(main())
     assert sorted(w["metadata"]["name"] for w in cache.list("WarmPool", "ns")) == ["kept", "late", "newer"]
     assert sorted(name for kind, _, name in requested if kind == "WarmPool") == ["kept", "late", "newer"]
+
+
+def test_kopf_indices_count_as_complete_once_they_hold_what_the_server_lists_even_after_a_refusal():
+    """kopf calls no handler while its kinds are empty, so the startup check lists them; a new CRD's storage answers
+    429 for a moment: the check tries again instead of leaving the cache never ready."""
+    from types import SimpleNamespace
+
+    from corral.operator.leadership import Leadership
+    from corral.operator.resync import kopf_indices_complete
+
+    class Refusing(FakeKube):
+        async def list_all(self, kind, labels=None):
+            if self.lists == 0:
+                self.lists += 1
+                raise RuntimeError("storage is (re)initializing")
+            return await super().list_all(kind, labels)
+
+    indices = {n: {} for n in ("templates_idx", "warmpools_idx", "pools_idx", "batches_idx")}
+    cache = Cache()
+    for n, idx in indices.items():
+        cache.attach(n, idx)
+    kube = Refusing({}, rv=7)
+    asyncio.run(asyncio.wait_for(kopf_indices_complete(SimpleNamespace(kube=kube, cache=cache,
+                                                                       leadership=Leadership()), indices), 10))
+    assert cache.kopf_at is not None and kube.lists == 5  # the refused one, then kopf's four kinds
