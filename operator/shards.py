@@ -77,6 +77,7 @@ SHARD_PREFIX = "-shard-"  # after the group: corral-shard-0
 MEMBER_PREFIX = "-replica-"
 SAFETY = 0.2  # a holder stops acting this share of the lease duration before others may take over
 RENEW_EVERY = 1 / 3  # of the lease duration
+DEAD_AFTER = 10  # lease durations without a renewal: a member lease is deleted
 Key = tuple[str, str, str]
 
 
@@ -421,6 +422,7 @@ class Shards:
             await self._lose(s, "its lease was not renewed in time")
         if now - self._renewed.get(self.member_name, 0) >= d * RENEW_EVERY:
             await self._renew_member()
+        await self._forget_dead(now)
         p = plan(self.me, self.n, self.leases, self.live_members(now), self.held(now), now)
         for s in p.release:
             await self._release(s)
@@ -430,6 +432,15 @@ class Shards:
             name = self.shard_lease(s)
             if time.monotonic() - self._renewed.get(name, 0) >= d * RENEW_EVERY:
                 await self._renew(s)
+
+    async def _forget_dead(self, now: float) -> None:
+        """A member lease not renewed for DEAD_AFTER durations is a replica gone for good (a killed pod): deleted,
+        conditional on the version seen (one delete per dead replica, not a periodic call)."""
+        for name, obs in list(self.members.items()):
+            if name != self.member_name and now - obs.seen > obs.duration * DEAD_AFTER:
+                self.members.pop(name, None)
+                with contextlib.suppress(Exception):
+                    await self.kube.delete("Lease", name, self.settings.namespace, resource_version=obs.rv)
 
     async def _renew_member(self) -> None:
         name = self.member_name

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from kubeutil import Sandbox, SandboxClaim, claim, idle_ready, template, wait_until, warm_pool
 from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Namespace
 
 from corral.operator.shards import shard_of
 
@@ -140,6 +141,9 @@ def test_two_sharded_replicas_serve_claims_at_once_and_survive_sigkill(kube, kub
         # its member lease every LEASE/3 s).
         for op in replicas:
             wait_until(lambda p=pools[op]: len(idle_ready(kube, ns, p)) == 4, 60, 0.25, "refilled")
+        # other tests' namespaces are deleted in the background: their teardown is not "idle"
+        wait_until(lambda: not [n for n in kube.list(Namespace) if n.metadata.name.startswith("t-")
+                                and n.metadata.name != ns], 300, 1, "other test namespaces gone")
         time.sleep(2)
         snap = [op.metrics() for op in replicas]
         window = 12.0
