@@ -147,6 +147,10 @@ class PoolPacing:
         """This process created `sandbox` to refill the pool."""
         self._refilling.setdefault((kind, ns, pool), {})[sandbox] = now
 
+    def following(self, kind: str, ns: str, pool: str) -> bool:
+        """Whether refills of this pool are followed until Ready (`refills_seen` has something to look for)."""
+        return bool(self._refilling.get((kind, ns, pool)))
+
     def refills_seen(self, kind: str, ns: str, pool: str, ready: Mapping[str, bool], now: float) -> None:
         """The pool's sandboxes as the cache shows them now (name -> Ready): refills seen Ready give a sample of the
         ready lag; those that left the pool, or were followed for REFILL_TTL, are forgotten."""

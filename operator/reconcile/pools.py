@@ -129,7 +129,8 @@ async def reconcile_warmpool(ctx: Context, ns: str, name: str) -> None:
     idle = [m for m in members if not m.claim and not m.deleting and not ctx.claims.is_reserved(ns, m.name)]
     now = time.time()
     expected = ctx.creates.outstanding(("WarmPool", ns, name), {m.name for m in members})
-    ctx.pacing.refills_seen("WarmPool", ns, name, {m.name: m.ready for m in members}, now)
+    if ctx.pacing.following("WarmPool", ns, name):  # a refill in flight: is it Ready now (the pool's ready lag)?
+        ctx.pacing.refills_seen("WarmPool", ns, name, {m.name: m.ready for m in members}, now)
     plan = plan_warm_pool(replicas=spec.replicas, idle=idle, current_hash=bp_hash,
                           strategy=spec.update_strategy.type, expected_creates=expected, now=now,
                           readiness_grace=lifecycle.readiness_grace(spec))

@@ -171,13 +171,14 @@ def test_the_ready_lag_follows_refills_until_ready_and_forgets_those_that_left()
     pacing.refill_started(*key, "a", now=10.0)
     pacing.refill_started(*key, "b", now=10.0)
     pacing.refill_started(*key, "c", now=10.0)
+    assert pacing.following(*key)
     pacing.refills_seen(*key, {"a": False, "b": False}, now=11.0)  # c not in the cache yet: still followed
     assert len(pacing) == 1
     pacing.refills_seen(*key, {"a": True, "b": False, "c": False}, now=13.0)
     assert pacing.ready_lag(*key) == pytest.approx(3.0)
     pacing.refills_seen(*key, {"b": True}, now=16.0)  # c left the pool (deleted) before it was Ready
     assert pacing.ready_lag(*key) == pytest.approx(3.0 + 0.2 * (6.0 - 3.0))  # a moving average
-    assert len(pacing) == 1  # only the lag is kept: no refill followed any more
+    assert len(pacing) == 1 and not pacing.following(*key)  # only the lag is kept: no refill followed any more
     pacing.refill_started(*key, "d", now=20.0)
     pacing.refills_seen(*key, {"d": False}, now=20.0 + 121)  # never Ready: not followed for ever
     assert len(pacing) == 1
