@@ -8,7 +8,7 @@ import contextlib
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import BaseModel, Field
@@ -30,6 +30,9 @@ from .inflight import (
 from .kube import Kube
 from .leadership import Leadership
 from .workqueue import WorkQueue
+
+if TYPE_CHECKING:
+    from .shards import Shards
 
 
 def _version() -> str:
@@ -104,7 +107,7 @@ class Context:
     # SandboxBatches: per-index entries, task followers, batches waiting for a pool (batchbook.py)
     batches: BatchBook = field(default_factory=BatchBook)
     # sharded mode (corral.operator.shards.Shards): only keys of the shards this replica holds are reconciled
-    shards: Any = None
+    shards: Shards | None = None
 
     def __post_init__(self) -> None:
         self.token_key = (self.settings.token_secret or secrets.token_hex(32)).encode()

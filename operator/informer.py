@@ -48,7 +48,7 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
 from . import metrics
-from .cache import CLAIMS_OF, Cache, PodInfo, claim_keys, sandbox_keys
+from .cache import Cache, PodInfo, claim_keys, sandbox_keys
 from .claimsapi import kube_server as claims_api
 from .constants import GROUP, L_CLAIM, L_MANAGED_BY, L_POOL, L_POOL_KIND, L_SANDBOX, MANAGED_BY, VERSION
 from .core.batches import parse_claim_label
@@ -316,7 +316,6 @@ KINDS = (
     KindSpec("Pod", "pods_idx", "/api/v1/pods", f"{L_SANDBOX},{L_MANAGED_BY}={MANAGED_BY}",
              msgspec.json.Decoder(PodEvent), msgspec.json.Decoder(PodList), _pod_keys, react_pod),
 )
-assert CLAIMS_OF  # the claim keys' tag (cache.claim_keys): the store holds exactly what Cache.claims_for reads
 
 
 # ---- the transport: the reconcilers' aiohttp session (FastHttp), or lightkube's httpx client --------------------

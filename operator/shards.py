@@ -66,7 +66,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .constants import L_CLAIM, L_POOL, L_POOL_KIND
-from .core.batches import parse_claim_label
 from .metrics import SHARDS_HELD
 
 log = logging.getLogger("corral.operator.shards")
@@ -198,11 +197,9 @@ class ShardMap:
         return shard_of(ns, ref.get("kind") or "WarmPool", ref.get("name") or "", self.shards)
 
     def _compute(self, kind: str, ns: str, name: str) -> int | None:
+        """Pools and templates by their own name; claims and batches by their poolRef; a sandbox by its pool label,
+        else by what holds it (a claim or a batch: Cache.holder)."""
         cache = self.cache
-        if kind in ("WarmPool", "Pool"):
-            return shard_of(ns, kind, name, self.shards)
-        if kind == "SandboxTemplate":
-            return shard_of(ns, kind, name, self.shards)
         if kind == "SandboxClaim":
             return self._pool_ref(ns, cache.claim(ns, name))
         if kind == "SandboxBatch":
@@ -215,13 +212,8 @@ class ShardMap:
             if labels.get(L_POOL):
                 return shard_of(ns, labels.get(L_POOL_KIND) or "WarmPool", labels[L_POOL], self.shards)
             claim = labels.get(L_CLAIM)
-            if claim:
-                batch = parse_claim_label(claim)
-                holder = cache.batch(ns, batch[0]) if batch else cache.claim(ns, claim)
-                found = self._pool_ref(ns, holder)
-                if found is not None:
-                    return found
-            return shard_of(ns, "Sandbox", name, self.shards)
+            found = self._pool_ref(ns, cache.holder(ns, claim)) if claim else None
+            return found if found is not None else shard_of(ns, "Sandbox", name, self.shards)
         return shard_of(ns, kind, name, self.shards)
 
     def shard(self, key: Key) -> int:

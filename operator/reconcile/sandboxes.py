@@ -118,9 +118,10 @@ async def reconcile_sandbox(ctx: Context, ns: str, name: str) -> None:
             # gets Ready meanwhile costs one status write, not one per phase. An idle pool sandbox's wait longer
             # (POOL_SETTLE): nobody waits for it, and on a loaded control plane a refill's pod takes more than the
             # moment to get Ready, which cost every refilled sandbox two or three status writes, not one.
-            pool_idle = bool(sandbox.pool) and not sandbox.claim_label
-            until = ctx.starts.settle_until(key, now, ctx.starts.settle and max(ctx.starts.settle, POOL_SETTLE)
-                                            if pool_idle else None)
+            settle = ctx.starts.settle
+            if settle and sandbox.pool and not sandbox.claim_label:  # an idle pool sandbox
+                settle = max(settle, POOL_SETTLE)
+            until = ctx.starts.settle_until(key, now, settle)
             if until is not None:
                 ctx.request_at("Sandbox", ns, name, until)
                 return

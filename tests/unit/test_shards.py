@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 
+from corral.operator.cache import Cache
 from corral.operator.shards import (
     Observed,
     ShardMap,
@@ -123,6 +124,8 @@ class FakeCache:
 
     def sandbox(self, ns, name):
         return self.get("Sandbox", ns, name)
+
+    holder = Cache.holder  # the claim or batch a sandbox's claim label names, as the operator's cache finds it
 
 
 def test_shard_map_puts_a_pool_and_everything_on_it_in_one_shard():
