@@ -16,6 +16,7 @@ import io
 import logging
 import tarfile
 import threading
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -443,9 +444,31 @@ def sweep(client: docker.DockerClient, stack: str, *, images: bool = True, netwo
                 pass
     if networks:
         for n in client.networks.list(filters={"label": f"{L_STACK}={stack}"}):
-            try:
-                n.remove()
-                out["networks"] += 1
-            except NotFound:
-                pass
+            out["networks"] += _remove_network(n)
     return out
+
+
+def _remove_network(network: Any, *, timeout: float = 30.0) -> int:
+    """Remove a network; 1 if removed, 0 if already gone. A container whose removal someone else had in flight
+    (the stopped operator's own, say: Docker finishes it) keeps its endpoint until that removal ends, so "has
+    active endpoints" is retried, with the remaining endpoints disconnected by force, for up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            network.remove()
+            return 1
+        except NotFound:
+            return 0
+        except APIError as exc:
+            if "active endpoints" not in str(exc) or time.monotonic() > deadline:
+                raise
+        try:
+            network.reload()
+            for cid in (network.attrs.get("Containers") or {}):
+                try:
+                    network.disconnect(cid, force=True)
+                except (NotFound, APIError):
+                    pass
+        except NotFound:
+            return 0
+        time.sleep(0.5)

@@ -137,6 +137,24 @@ def test_an_older_network_with_icc_on_is_recreated_isolated(docker_client):
         engine.sweep(docker_client, stack)
 
 
+def test_sweep_removes_a_network_an_endpoint_still_holds(docker_client, make_operator):
+    """A container the sweep does not remove itself (here: not labelled with the stack; in CI: one whose removal
+    the stopped operator had in flight, 409 "already in progress") still holds an endpoint on the stack's network:
+    the sweep disconnects it by force and removes the network, and leaves the container alone."""
+    op = make_operator(start=False)
+    image = op.desired.template("python").image
+    net = docker_client.networks.create(f"corral-{op.stack}-held", driver="bridge",
+                                        labels=engine.stack_labels(op.stack, "network"))
+    other = docker_client.containers.run(image, ["sleep", "300"], network=net.name, detach=True)
+    try:
+        assert engine.sweep(docker_client, op.stack)["networks"] == 1
+        assert not docker_client.networks.list(filters={"label": f"{engine.L_STACK}={op.stack}"})
+        other.reload()
+        assert other.status == "running" and net.name not in other.attrs["NetworkSettings"]["Networks"]
+    finally:
+        other.remove(force=True)
+
+
 def test_disk_bound_applied_where_the_storage_driver_allows(docker_client, make_operator):
     """overlay2 over ext4 (this test bed) cannot bound a writable layer: then no storage_opt is passed (Docker would
     refuse the container). Where it can (xfs+pquota, btrfs, zfs, devicemapper), every sandbox carries the bound."""
