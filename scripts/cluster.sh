@@ -8,6 +8,8 @@
 #   scripts/cluster.sh reset    down + delete the data
 #   scripts/cluster.sh status   print what runs
 #   scripts/cluster.sh env      print `export KUBECONFIG=...`
+# CORRAL_APISERVER_PROFILING=true serves kube-apiserver's /debug/pprof (for `kubectl get --raw
+# "/debug/pprof/profile?seconds=20"` while a bench runs); off by default, as in a hardened cluster.
 source "$(dirname "$0")/lib.sh"
 
 DIR="$CORRAL_RUN/cluster"
@@ -131,7 +133,7 @@ up() {
     --client-ca-file "$PKI/ca.crt" --token-auth-file "$PKI/tokens.csv" --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$PKI/sa.pub" \
     --service-account-signing-key-file "$PKI/sa.key" --service-cluster-ip-range "$SERVICE_CIDR" \
-    --endpoint-reconciler-type none --allow-privileged --profiling=false --v 1
+    --endpoint-reconciler-type none --allow-privileged --profiling="${CORRAL_APISERVER_PROFILING:-false}" --v 1
   wait_for "kube-apiserver" 90 kc get --raw /readyz
   start kube-controller-manager "$K8S/kube-controller-manager" --kubeconfig "$KUBECONFIG_FILE" \
     --bind-address 127.0.0.1 --secure-port "$((API_PORT + 1))" --leader-elect=false \

@@ -610,6 +610,10 @@ async def sustained(kubeconfig: str, ns: str, pool: str, replicas: int, rate: fl
                                                                 [r["backlog"] for r in steady]), 2)},
         "pool_idle_min_steady": min((r["pool_idle"] for r in steady), default=None),
         "cpu_pct_mean_steady": {k: mean(steady, k) for k in (rows[0] if rows else {}) if k.endswith("_cpu_pct")},
+        # Each process's CPU per claim in the steady part (ms): what a claim costs the API server, etcd, the
+        # scheduler, kwok etc. beside the operator; the capacity model's inputs. Meaningful while the run keeps up.
+        "cpu_ms_per_claim_steady": {k.removesuffix("_pct"): round(mean(steady, k) * 10 / rate, 2)
+                                    for k in (rows[0] if rows else {}) if k.endswith("_cpu_pct")},
         "machine_busy_pct_mean_steady": mean(steady, "machine_busy_pct"),
         "load1_mean": mean(rows, "load1"),
         "run_s": round(run_s, 1),
