@@ -314,20 +314,27 @@ class KubeBackend:
         kind = await self._pool_kind(req.pool)
         name = req.name or f"claim-{secrets.token_hex(5)}"
         with self._subscribe(name) as ev:  # before the create: its first events must not be missed
-            try:
-                created = await self.ctx.kube.create(self._manifest(name, kind, req))
-            except ApiError as exc:
-                if status_code(exc) != 409:
-                    raise _api_error(exc, f"creating claim {name}") from None
-                created = await self._claim(name)  # an idempotent retry: the claim that exists
-                ref = (created.get("spec") or {}).get("poolRef") or {}
-                if ref.get("name") != req.pool:
-                    raise Conflict(f"claim {name} exists for {ref.get('kind')} {ref.get('name')!r}, "
-                                   f"not {req.pool!r}") from None
+            created = await self._create_or_existing("claim", self._manifest(name, kind, req), req.pool, self._claim)
             body = await self._wait(created, ev, req.timeout_seconds)
         if (body.get("status") or {}).get("phase") == "Failed":
             raise self._failed(body)
         return self.to_api(body)
+
+    async def _create_or_existing(self, what: str, manifest: dict[str, Any], pool: str,
+                                  read: Callable[[str], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """Create the claim or batch; a create that meets one of its name (409) is an idempotent retry and answers
+        the one that exists, unless that one is for another pool (409 Conflict, naming both)."""
+        name = manifest["metadata"]["name"]
+        try:
+            return await self.ctx.kube.create(manifest)
+        except ApiError as exc:
+            if status_code(exc) != 409:
+                raise _api_error(exc, f"creating {what} {name}") from None
+        existing = await read(name)
+        ref = (existing.get("spec") or {}).get("poolRef") or {}
+        if ref.get("name") != pool:
+            raise Conflict(f"{what} {name} exists for {ref.get('kind')} {ref.get('name')!r}, not {pool!r}")
+        return existing
 
     async def _wait(self, created: dict[str, Any], ev: asyncio.Event, timeout: float) -> dict[str, Any]:
         """The claim once it is Bound, Failed or Finished, or as it is when `timeout` runs out. Woken by the
@@ -607,16 +614,8 @@ class KubeBackend:
     async def create_batch(self, req: BatchRequest) -> Batch:
         kind = await self._pool_kind(req.pool)
         name = req.name or f"batch-{secrets.token_hex(5)}"
-        try:
-            created = await self.ctx.kube.create(self._batch_manifest(name, kind, req))
-        except ApiError as exc:
-            if status_code(exc) != 409:
-                raise _api_error(exc, f"creating batch {name}") from None
-            created = await self._batch(name)  # an idempotent retry: the batch that exists
-            ref = (created.get("spec") or {}).get("poolRef") or {}
-            if ref.get("name") != req.pool:
-                raise Conflict(f"batch {name} exists for {ref.get('kind')} {ref.get('name')!r}, "
-                               f"not {req.pool!r}") from None
+        created = await self._create_or_existing("batch", self._batch_manifest(name, kind, req), req.pool,
+                                                 self._batch)
         return self.to_batch(created)
 
     @active_replica
