@@ -36,6 +36,13 @@ class BatchState:
     flush_at: float | None = None  # when the status write the followers asked for goes out (None: none asked)
     written_at: float = 0.0  # time.monotonic() of this process's last status write (the next waits MIN_GAP after it)
     reading: set[int] = field(default_factory=set)  # ended indexes whose output tail is being read: not released yet
+    # The resourceVersion of the batch that `indexes` are built on: the one they were loaded from, this process's own
+    # last status write's, or the one it read after a conflict. Every status write is conditional on it
+    # (batches._write): never on the cache's newer version, which may carry another replica's entries not merged in.
+    rv: str = ""
+    # sandboxes this process adopted or created for an index and no status write has recorded yet: name -> uid (a
+    # lost one is deleted by uid, whether or not the cache shows it yet)
+    taken: dict[str, str] = field(default_factory=dict)
 
     def following(self, index: int) -> bool:
         task = self.followers.get(index)

@@ -5,6 +5,18 @@ status: one entry per index, the counts, the phase (corral.operator.core.batches
 A batch's sandbox carries the claim label `<batch>_<index>` (core.batches.claim_label): every pool rule treats it as
 taken, and the cache finds it by that label. The batch's uid is its claim uid (the sandbox's execd token derives from
 it). Status writes carry every change since the last one: the followers only mark the batch (batchtasks.mark).
+
+Every status write is conditional on the resourceVersion of the batch its entries are built on (the one they were
+loaded from, this process's own last write's, or the one read after a conflict; never the cache's newer one, which
+may carry another replica's entries not merged in): no conflict with itself, no write more on the normal path. Two
+replicas acting on one batch at once (a shard changing hands, corral.operator.shards) may each adopt a different
+sandbox for one index (each adoption is conditional on the sandbox's version only); the status write settles it.
+The one that gets a 409 reads the batch once and takes the status's entries over its own (`settle_indexes`): an index
+the status already gives a sandbox keeps that one, and the sandbox this replica took for it is deleted (its task
+follower stopped), as a claim's `_lost_bind` does; then it writes again over the version read. A task is started only
+once the status names its sandbox (`reconcile_batch` writes before it starts new followers), so a lost sandbox never
+ran one. A sandbox still labelled for an index whose recorded sandbox is another (the loser died before deleting it)
+is deleted by the next reconcile (`_check_indexes`).
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from ..core import batches as b
 from ..core import lifecycle, metrics
 from ..core import vocabulary as v
 from ..kube import ignore, status_code
+from ..metrics import LOST_BINDS
 from ..planning import Member, adoption_candidates
 from .batchtasks import follow
 from .conditions import now_iso, set_condition
@@ -62,6 +75,7 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
         return
     if st.indexes is None:
         st.indexes = _load(status.get("indexes"), spec.replicas)
+        st.rv = str(meta.get("resourceVersion") or "")
         st.conditions = list(status.get("conditions") or [])
         st.pool = spec.pool_ref.name
         st.ended_counted = {e["index"] for e in st.indexes if e["phase"] in b.INDEX_ENDED}
@@ -70,22 +84,26 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
         await _after_finish(ctx, body, spec, st)  # finished before this process started: only its TTL is left
         return
 
+    named = [e.get("sandbox") for e in st.indexes]
     pending = await _check_indexes(ctx, body, spec, st)
     if pending:
         await _bind(ctx, body, spec, st, pending)
+    phase = None
+    if st.flush_at is None or named != [e.get("sandbox") for e in st.indexes]:
+        # The status names each new sandbox before a task starts in it: another replica's write may have won
+        # the index meanwhile (then this one's sandbox is given up, see the module docstring). Otherwise a follower's
+        # write is due (batchtasks.mark): it carries this too, and asks for the next reconcile.
+        async with st.lock:
+            phase = await _write(ctx, body, st)
     if spec.task is not None:
         for entry in st.indexes:
             i = entry["index"]
             if entry["phase"] not in (b.BOUND, b.RUNNING) or st.following(i):
                 continue
-            m = ctx.cache.claim_sandbox(ns, b.claim_label(name, i))
+            m = _named(ctx, ns, name, entry)
             if m is not None and not m.deleting and (m.ready or entry.get("commandId")):
                 st.followers[i] = asyncio.create_task(follow(ctx, st, ns, name, meta["uid"], i, spec.task),
                                                       name=f"corral-batch-{ns}-{name}-{i}")
-    if st.flush_at is not None:
-        return  # a follower's write is due (batchtasks.mark): it carries this too, and asks for the next reconcile
-    async with st.lock:
-        phase = await _write(ctx, body, st)
     if phase in b.FINAL_BATCH_PHASES:
         await _after_finish(ctx, body, spec, st)
 
@@ -121,13 +139,16 @@ async def _check_indexes(ctx: Context, body: dict[str, Any], spec: SandboxBatchS
     ended tasks (shutdownPolicy). Returns the indexes that still need a sandbox."""
     assert st.indexes is not None
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    recorded = _recorded(body, st)
     pending = []
     for entry in st.indexes:
         i = entry["index"]
         label = b.claim_label(name, i)
-        m = ctx.cache.claim_sandbox(ns, label)
+        m = _named(ctx, ns, name, entry)
         if m is not None:
             ctx.bound.pop((ns, label), None)
+            if entry.get("sandbox") and entry["sandbox"] == recorded.get(i):
+                await _drop_extras(ctx, ns, label, m)
         if entry["phase"] in b.INDEX_ENDED:
             policy = spec.lifecycle.shutdown_policy
             if m is not None and not m.deleting and policy != "Retain" and i not in st.reading:
@@ -136,6 +157,11 @@ async def _check_indexes(ctx: Context, body: dict[str, Any], spec: SandboxBatchS
         if m is None and (ns, label) in ctx.bound:
             continue  # our own adoption or create, not in the cache yet
         if m is None or m.deleting or entry.get("sandbox") not in (None, m.name):
+            if m is None and entry.get("sandbox") and await _still_there(ctx, ns, entry["sandbox"], label):
+                # The cache is behind: another replica's sandbox, taken over from the status (`_settle`), or a
+                # re-listing sandbox stream. Its labelled event brings the batch back; look again soon regardless.
+                ctx.request_at("SandboxBatch", ns, name, time.time() + 1.0)
+                continue
             if entry.get("sandbox"):
                 st.cancel(i)
                 entry.update(phase=v.FAILED, reason=v.R_SANDBOX_LOST,
@@ -191,6 +217,51 @@ async def _bind(ctx: Context, body: dict[str, Any], spec: SandboxBatchSpec, st: 
                                   meta.get("generation"))
 
 
+def _named(ctx: Context, ns: str, batch: str, entry: dict[str, Any]) -> Member | None:
+    """The sandbox of an index as the cache shows it: the one its entry names; for an entry naming none, the oldest
+    labelled for it (not being deleted, if there is one)."""
+    found = ctx.cache.claim_sandboxes(ns, b.claim_label(batch, entry["index"]))
+    if entry.get("sandbox"):
+        return next((m for m in found if m.name == entry["sandbox"]), None)
+    if not found:
+        return None
+    return min(found, key=lambda m: (m.deleting, m.created))
+
+
+async def _still_there(ctx: Context, ns: str, sandbox: str, label: str) -> bool:
+    """Whether the index's sandbox exists (not being deleted, still labelled for it), asked of the API server: one
+    read, only on the rare path where the cache has no such sandbox, before an index is failed for good."""
+    try:
+        obj = await ctx.kube.get("Sandbox", sandbox, ns)
+    except Exception as exc:  # noqa: BLE001 - 404 is the answer; anything else: don't fail the index on a hunch
+        return status_code(exc) != 404
+    meta = obj.get("metadata") or {}
+    return not meta.get("deletionTimestamp") and (meta.get("labels") or {}).get(L_CLAIM) == label
+
+
+def _recorded(body: dict[str, Any], st: BatchState) -> dict[int, str]:
+    """index -> the sandbox the batch's status names for it: as the cache shows the status, or as this process last
+    wrote it (its echo may not have come yet)."""
+    out: dict[int, str] = {}
+    for status in ((body.get("status") or {}), st.written or {}):
+        for e in status.get("indexes") or []:
+            if e.get("sandbox"):
+                out[e["index"]] = e["sandbox"]
+    return out
+
+
+async def _drop_extras(ctx: Context, ns: str, label: str, keep: Member) -> None:
+    """Any sandbox labelled for an index besides the one its status names is deleted (conditional on its uid). There
+    is one only when two replicas acted on the batch at once and the one whose status write lost died (or failed)
+    before deleting what it took."""
+    for m in ctx.cache.claim_sandboxes(ns, label):
+        if m.name != keep.name and not m.deleting:
+            log.warning("batch index %s/%s has sandbox %s; deleting sandbox %s also labelled for it", ns, label,
+                        keep.name, m.name)
+            LOST_BINDS.inc()
+            await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, ns, uid=m.uid or None))
+
+
 def _waiting(st: BatchState, meta: dict[str, Any], reason: str, message: str) -> None:
     st.conditions = set_condition(st.conditions, READY, False, reason, message, meta.get("generation"))
 
@@ -224,6 +295,7 @@ async def _adopt_all(ctx: Context, body: dict[str, Any], st: BatchState, kind: s
             if ok:
                 adopted += 1
                 entries[i].update(sandbox=m.name, launchType=v.WARM, phase=b.BOUND)
+                st.taken[m.name] = m.uid
         left = [i for (i, _), ok in zip(pairs, taken, strict=True) if not ok] + left[len(pairs):]
         if all(not ok for ok in taken):
             break
@@ -280,7 +352,7 @@ async def _cold(ctx: Context, body: dict[str, Any], st: BatchState, pool: dict[s
                                     annotations={A_LAUNCH: v.COLD, A_CLAIM_UID: meta["uid"]})
         async with limit:
             try:
-                await ignore({409}, ctx.kube.create(manifest))
+                created = await ignore({409}, ctx.kube.create(manifest))
             except Exception as exc:  # noqa: BLE001 - this index fails, the others go on
                 if status_code(exc) is None or status_code(exc) in (429,) or (status_code(exc) or 0) >= 500:
                     raise
@@ -289,6 +361,8 @@ async def _cold(ctx: Context, body: dict[str, Any], st: BatchState, pool: dict[s
                 return None
         ctx.bound[(ns, label)] = sandbox
         entries[i].update(sandbox=sandbox, launchType=v.COLD, phase=b.BOUND)
+        if created:  # (a 409: another replica made this very sandbox for this index, by its name)
+            st.taken[sandbox] = created["metadata"].get("uid", "")
         return sandbox
 
     made = await asyncio.gather(*(one(i) for i in indexes))
@@ -297,8 +371,53 @@ async def _cold(ctx: Context, body: dict[str, Any], st: BatchState, pool: dict[s
 
 async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str | None = None) -> str:
     """Write the status if it differs from what this process last wrote (or, first, from what the server holds);
-    returns the batch's phase."""
+    returns the batch's phase. The write is conditional on the version of the batch the entries are built on
+    (BatchState.rv); on a 409 the batch is read once, its status's entries taken over this process's (`_settle`),
+    and the write made again over the version read, if there is still something to write."""
     meta, status = body["metadata"], body.get("status") or {}
+    ns, name = meta["namespace"], meta["name"]
+    forced = phase
+    phase, desired = _desired(ctx, body, st, forced)
+    if desired == st.written:
+        return phase
+    _account(meta, st, phase)
+    if st.written is None and all(status.get(k) == x for k, x in desired.items()):
+        st.written = desired  # a restarted process: the server already holds this
+        return phase
+    rv = st.rv or str(meta.get("resourceVersion") or "")
+    for attempt in range(4):
+        _times(st, status, phase)
+        try:
+            written = await ctx.kube.patch("SandboxBatch", name, ns, {
+                "metadata": {"resourceVersion": rv}, "status": {**desired, **st.times}}, status=True)
+            break
+        except Exception as exc:  # noqa: BLE001
+            if status_code(exc) != 409 or attempt == 3:
+                raise
+        fresh = await ctx.kube.get("SandboxBatch", name, ns)
+        if fresh["metadata"].get("uid") != meta.get("uid"):
+            return phase  # deleted (and made again under its name): its deletion event forgets this state
+        rv = st.rv = str(fresh["metadata"].get("resourceVersion") or "")
+        status = fresh.get("status") or {}
+        await _settle(ctx, ns, name, st, status.get("indexes") or [])
+        phase, desired = _desired(ctx, body, st, forced)
+        _account(meta, st, phase)
+        if all(status.get(k) == x for k, x in desired.items()):
+            st.written = desired  # what this process had to say is there (another replica wrote it)
+            return phase
+    st.rv = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")
+    st.written, st.written_at = desired, time.monotonic()
+    for e in desired["indexes"]:
+        st.taken.pop(e.get("sandbox") or "", None)  # recorded: the index is this sandbox's for good
+    if phase != (status.get("phase") if st.logged is None else st.logged):
+        st.logged = phase
+        log.info("batch %s/%s %s: %d bound, %d running, %d succeeded, %d failed", ns, name, phase, desired["bound"],
+                 desired["running"], desired["succeeded"], desired["failed"])
+    return phase
+
+
+def _desired(ctx: Context, body: dict[str, Any], st: BatchState, phase: str | None) -> tuple[str, dict[str, Any]]:
+    """The batch's phase (`phase` if given) and the status this process holds for it (its times apart)."""
     spec = body["spec"]
     replicas = int(spec.get("replicas") or 0)
     entries = st.indexes or []
@@ -307,17 +426,15 @@ async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str 
         phase = b.batch_phase(replicas, spec.get("task") is not None, counts)
         if phase in b.FINAL_BATCH_PHASES and _releasing(ctx, body, entries):
             phase = b.RUNNING  # DeleteForeground: finished once the ended tasks' sandboxes are gone
-    desired: dict[str, Any] = {
+    return phase, {
         "phase": phase, "replicas": replicas, "bound": counts.bound, "running": counts.running,
         "succeeded": counts.succeeded, "failed": counts.failed, "indexes": [dict(e) for e in entries],
-        "observedGeneration": meta.get("generation"), "conditions": st.conditions,
+        "observedGeneration": body["metadata"].get("generation"), "conditions": st.conditions,
     }
-    if desired == st.written:
-        return phase
-    _account(meta, st, phase)
-    if st.written is None and all(status.get(k) == x for k, x in desired.items()):
-        st.written = desired  # a restarted process: the server already holds this
-        return phase
+
+
+def _times(st: BatchState, status: dict[str, Any], phase: str) -> None:
+    """startTime and completionTime: as the status has them, else as this process set them, else now."""
     times = {"startTime": status.get("startTime") or st.times.get("startTime"),
              "completionTime": status.get("completionTime") or st.times.get("completionTime")}
     if phase != v.PENDING and not times["startTime"]:
@@ -325,14 +442,56 @@ async def _write(ctx: Context, body: dict[str, Any], st: BatchState, phase: str 
     if phase in b.FINAL_BATCH_PHASES and not times["completionTime"]:
         times["completionTime"] = now_iso()
     st.times = {k: t for k, t in times.items() if t}
-    await ctx.kube.patch("SandboxBatch", meta["name"], meta["namespace"], {"status": {**desired, **st.times}},
-                         status=True)
-    st.written, st.written_at = desired, time.monotonic()
-    if phase != (status.get("phase") if st.logged is None else st.logged):
-        st.logged = phase
-        log.info("batch %s/%s %s: %d bound, %d running, %d succeeded, %d failed", meta["namespace"], meta["name"],
-                 phase, counts.bound, counts.running, counts.succeeded, counts.failed)
-    return phase
+
+
+def settle_indexes(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """This process's entries (`mine`, changed in place) after reading the status (`theirs`) that another writer
+    wrote meantime: an index the status gives a sandbox has that one (this process's own for it, if another, is
+    lost: returned as (index, sandbox)); an index the status leaves without one keeps this process's sandbox; an
+    index with the same sandbox (or none) on both sides takes the entry further along (Pending < Bound < Running <
+    ended), this process's on a tie."""
+    by_index = {e.get("index"): e for e in theirs}
+    lost: list[tuple[int, str]] = []
+    for entry in mine:
+        other = by_index.get(entry["index"])
+        if other is None:
+            continue
+        ours, their = entry.get("sandbox"), other.get("sandbox")
+        if their and ours != their:
+            if ours:
+                lost.append((entry["index"], ours))
+        elif ours and not their:
+            continue
+        elif _rank(other) <= _rank(entry):
+            continue
+        entry.clear()
+        entry.update(copy.deepcopy(other))
+    return lost
+
+
+def _rank(entry: dict[str, Any]) -> int:
+    return {v.PENDING: 0, b.BOUND: 1, b.RUNNING: 2}.get(entry.get("phase") or v.PENDING, 3)
+
+
+async def _settle(ctx: Context, ns: str, batch: str, st: BatchState, theirs: list[dict[str, Any]]) -> None:
+    """Take the status's entries over this process's (`settle_indexes`); each sandbox this process took for an index
+    the status gives another is deleted (conditional on its uid), its task follower stopped: like a claim's
+    `_lost_bind`."""
+    if st.indexes is None:
+        return  # (an invalid spec: no entries to settle)
+    for i, sandbox in settle_indexes(st.indexes, theirs):
+        label = b.claim_label(batch, i)
+        winner = st.indexes[i]["sandbox"]
+        log.warning("batch %s/%s index %d was given sandbox %s by another replica meanwhile; deleting sandbox %s "
+                    "taken for it", ns, batch, i, winner, sandbox)
+        LOST_BINDS.inc()
+        st.cancel(i)
+        labelled = {m.name: m for m in ctx.cache.claim_sandboxes(ns, label)}
+        uid = st.taken.pop(sandbox, None) or (labelled[sandbox].uid if sandbox in labelled else None)
+        ctx.reserved.pop((ns, sandbox), None)
+        if ctx.bound.get((ns, label)) == sandbox:
+            del ctx.bound[(ns, label)]  # the winner's may not be in the cache yet: see _check_indexes
+        await ignore({404, 409}, ctx.kube.delete("Sandbox", sandbox, ns, uid=uid or None))
 
 
 def _releasing(ctx: Context, body: dict[str, Any], entries: list[dict[str, Any]]) -> bool:

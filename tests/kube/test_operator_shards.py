@@ -6,6 +6,7 @@ API keeps answering through the survivor. And when two replicas both act on one 
 handover, made permanent here by giving each a shard group of its own), no sandbox is bound to two claims and no
 claim to two sandboxes."""
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -252,6 +253,109 @@ def test_two_replicas_acting_on_one_pool_at_once_never_bind_twice(kube, kube_clu
                               metric(op, "corral_claim_lost_binds_total") - before[op][1]) for op in replicas}
         assert all(b + lost > 0 for b, lost in acted.values()), acted
         print(f"split brain: (binds, lost binds) per replica {acted}")
+    finally:
+        for op in replicas:
+            op.stop()
+        operator.start()
+
+
+def indexes_per_sandbox(kube, ns: str, batches: list[str]) -> tuple[dict[str, list[str]], dict[str, str | None]]:
+    """'<batch>_<index>' -> the live sandboxes labelled for it; '<batch>_<index>' -> the sandbox the batch's status
+    names for that index."""
+    from test_operator_batches import SandboxBatch
+
+    labelled: dict[str, list[str]] = {}
+    for s in kube.list(Sandbox, namespace=ns):
+        label = (s.metadata.labels or {}).get("corral.dev/claim")
+        if label and not s.metadata.deletionTimestamp:
+            labelled.setdefault(label, []).append(s.metadata.name)
+    named: dict[str, str | None] = {}
+    for name in batches:
+        for e in (kube.get(SandboxBatch, name, namespace=ns).status or {}).get("indexes") or []:
+            named[f"{name}_{e['index']}"] = e.get("sandbox")
+    return labelled, named
+
+
+def test_two_replicas_acting_on_one_pool_at_once_give_each_batch_index_one_sandbox(kube, kube_cluster, operator, ns,
+                                                                                    tmp_path):
+    """Split brain on purpose, as above, for SandboxBatches: both replicas bind every index of the same batches at
+    once (each adoption is conditional on the sandbox's version only, so each replica can take a different sandbox
+    for one index). The batch's status write, conditional on the batch's version, settles it: every index ends with
+    exactly the one sandbox its status names, no sandbox serves two indexes, and no index's status ever names a
+    second sandbox."""
+    from test_operator_batches import SandboxBatch, batch
+
+    operator.stop()
+    replicas = []
+    try:
+        replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r0", group=f"{ns}-0", shards=1))
+        kube.create(template("py"), namespace=ns)
+        kube.create(warm_pool("wp", "py", 24), namespace=ns)
+        wait_until(lambda: len(idle_ready(kube, ns, "wp")) >= 24, 120, 0.5, "24 ready",
+                   dump=lambda: replicas[0].log()[-2000:])
+        replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r1", group=f"{ns}-1", shards=1))
+        wait_until(lambda: metric(replicas[1], "corral_shards_held") == 1, 30, 0.2, "the second replica's shard")
+        adoptions = 'corral_api_requests_total{resource="Sandbox",verb="patch"}'
+
+        def batch_calls(op) -> float:
+            return sum(v for k, v in op.metrics().items()
+                       if k.startswith("corral_api_requests_total") and 'resource="SandboxBatch' in k)
+
+        before = {op: (op.metrics().get(adoptions, 0), metric(op, "corral_claim_lost_binds_total"), batch_calls(op))
+                  for op in replicas}
+        # every sandbox each index's status ever named, as the watch delivers it
+        seen: dict[str, set[str]] = {}
+        stop = threading.Event()
+
+        def watch() -> None:
+            from lightkube import Client, KubeConfig
+
+            client = Client(config=KubeConfig.from_file(kube_cluster.kubeconfig))
+            with contextlib.suppress(Exception):  # the namespace goes at the end of a failed test
+                for _type, obj in client.watch(SandboxBatch, namespace=ns):
+                    for e in (obj.status or {}).get("indexes") or []:
+                        if e.get("sandbox"):
+                            seen.setdefault(f"{obj.metadata.name}_{e['index']}", set()).add(e["sandbox"])
+                    if stop.is_set():
+                        return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        time.sleep(0.5)
+        names, n = [f"b{i}" for i in range(3)], 6  # 18 indexes, 24 warm: both replicas cannot take 18 warm each
+        for name in names:
+            kube.create(batch(name, "wp", n), namespace=ns)
+        indexes = [f"{name}_{i}" for name in names for i in range(n)]
+
+        def settled():
+            labelled, named = indexes_per_sandbox(kube, ns, names)
+            bad = {i: (labelled.get(i), named.get(i)) for i in indexes
+                   if not named.get(i) or labelled.get(i) != [named.get(i)]}
+            return (labelled, named) if not bad else None
+
+        labelled, named = wait_until(settled, 90, 0.5, "every index with exactly the one sandbox its status names",
+                                     dump=lambda: (indexes_per_sandbox(kube, ns, names),
+                                                   [op.log()[-3000:] for op in replicas]))
+        sandboxes = [named[i] for i in indexes]
+        assert len(set(sandboxes)) == len(sandboxes), f"a sandbox serving two indexes: {Counter(sandboxes)}"
+        extra = {label: s for label, s in labelled.items() if label.startswith(tuple(f"{b}_" for b in names))
+                 and label not in indexes}
+        assert not extra, f"sandboxes labelled for indexes the batches do not have: {extra}"
+        phases = {name: (kube.get(SandboxBatch, name, namespace=ns).status or {}).get("phase") for name in names}
+        assert phases == {name: "Finished" for name in names}, phases
+        time.sleep(2)
+        stop.set()
+        kube.create(batch("last", "wp", 1), namespace=ns)  # one more event: the watcher sees `stop`
+        watcher.join(timeout=10)
+        moved = {i: s for i, s in seen.items() if i in indexes and len(s) != 1}
+        assert not moved, f"indexes whose status named two sandboxes: {moved}"
+        # both replicas did act on these batches (or the test proved nothing): each adopted sandboxes for them
+        acted = {op.api_url: (op.metrics().get(adoptions, 0) - before[op][0],
+                              metric(op, "corral_claim_lost_binds_total") - before[op][1],
+                              batch_calls(op) - before[op][2])
+                 for op in replicas}
+        assert all(adopted > 0 for adopted, _lost, _writes in acted.values()), acted
+        print(f"split brain, batches: (adoption patches, lost binds, SandboxBatch calls) per replica {acted}")
     finally:
         for op in replicas:
             op.stop()

@@ -277,7 +277,7 @@ class Operator:
         for (kind, ns, name), obj in sorted(self.kube.objects.items()):
             body = copy.deepcopy(obj)
             labels = body["metadata"].get("labels") or {}
-            if kind in ("SandboxTemplate", "WarmPool", "Pool"):
+            if kind in ("SandboxTemplate", "WarmPool", "Pool", "SandboxBatch"):
                 keys: dict[Any, Any] = {(ns, name): body}
             elif kind == "SandboxClaim":
                 keys = claim_keys(ns, name, body.get("spec") or {}, body)
