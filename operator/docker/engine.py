@@ -429,6 +429,7 @@ def sweep(client: docker.DockerClient, stack: str, *, images: bool = True, netwo
     for c in client.containers.list(all=True, filters={"label": f"{L_STACK}={stack}"}):
         remove(client, c.id)
         out["containers"] += 1
+    _wait_removed(client, stack)
     for v in client.volumes.list(filters={"label": f"{L_STACK}={stack}"}):
         try:
             v.remove(force=True)
@@ -446,6 +447,20 @@ def sweep(client: docker.DockerClient, stack: str, *, images: bool = True, netwo
         for n in client.networks.list(filters={"label": f"{L_STACK}={stack}"}):
             out["networks"] += _remove_network(n)
     return out
+
+
+def _wait_removed(client: docker.DockerClient, stack: str, *, timeout: float = 30.0) -> None:
+    """Until no container of the stack is listed: one whose removal someone else had in flight (remove() answered
+    409 "already in progress") is still listed, with its volumes and network endpoint, until Docker finishes it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not client.api.containers(all=True, quiet=True, filters={"label": f"{L_STACK}={stack}"}):
+                return
+        except NotFound:  # a container went between the list and its inspect
+            pass
+        time.sleep(0.2)
+    log.warning("stack %s: containers still being removed after %.0f s", stack, timeout)
 
 
 def _remove_network(network: Any, *, timeout: float = 30.0) -> int:
