@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from corral.api import SandboxTemplateSpec
 
 from .batchbook import BatchBook
 from .cache import Cache
+from .core.batches import parse_claim_label
 from .inflight import (
     ClaimBook,
     Expectations,
@@ -131,6 +133,29 @@ class Context:
         execd key Secret with it."""
         self.namespaces.mark_terminating(ns, now)
         self.tokens.namespace_gone(ns)
+
+    def forget(self, picks: Callable[[tuple[str, str, str]], bool]) -> None:
+        """Drop what is kept in memory for the objects whose reconcile key `picks` (kind, namespace, name) says: a
+        shard this replica no longer holds, or takes (back) now (corral.operator.shards). Another replica acts on
+        them meanwhile, so what this one remembers of its own writes is stale, and the cleanups of the ones deleted
+        meanwhile ran there. Claims and batch indexes by their holder's key, sandboxes by theirs, pools by theirs;
+        the batches' states (task followers) are stopped; a claim token this process put into a sandbox's execd
+        stays noted while the sandbox exists (a later take-back then restarts its pod if execd does not answer,
+        the safe side). Template specs and namespace state are no shard's and stay."""
+
+        def holder(ns: str, name: str) -> bool:
+            batch = parse_claim_label(name)
+            return picks(("SandboxBatch", ns, batch[0]) if batch else ("SandboxClaim", ns, name))
+
+        self.claims.forget_where(holder)
+        self.starts.forget_where(lambda key: picks(("Sandbox", *key)))
+        self.tokens.forget_where(lambda key: self.cache.sandbox(*key) is None and picks(("Sandbox", *key)))
+        self.creates.forget_where(lambda key: picks(key))
+        self.pacing.forget_where(lambda key: picks(key))
+        for key in [k for k in self.batches.waiting if picks(k)]:
+            del self.batches.waiting[key]
+        for ns, name in [k for k in self.batches.states if picks(("SandboxBatch", *k))]:
+            self.batches.forget(ns, name)
 
     # ---- the names reconcile/batches.py still uses (it moves to the books above in its own change) -----------------
     @property

@@ -39,15 +39,36 @@ time (plus the watch's delivery).
 
 On acquiring a shard the replica requests a reconcile of every object in it (from the cache); on losing it, the
 queue's timers for its keys are cancelled and its batches' task followers stopped; requests for keys of shards not
-held are dropped (`Context.request`), and so is a queued key whose shard went meanwhile (handlers.dispatch).
+held are dropped (`Context.request`), and so is a queued key whose shard went meanwhile (handlers.dispatch). What the
+replica keeps in memory for the shard's objects goes on losing it and again on acquiring it (Context.forget, and
+whatever a reconcile still running at the loss noted after it): claim adoptions and bindings, phases written and
+awaiting their echo, first-seen times, pod creates, expected creates and refill pacing, batch states, and with them
+whatever was kept for objects the cache no longer has (their cleanup reconcile may have run on another replica).
+Another replica acts on them meanwhile, so that memory is stale when the shard comes back: a Bound awaiting its echo,
+overtaken by the other replica's writes, would hold the claim back for good; a binding the other replica undid would
+make the claim wait for a sandbox that is gone. (Kept: a claim token noted as put into a live sandbox's execd, which
+only makes a later take-back restart the pod if execd does not answer; template specs and namespace state, no
+shard's. A claim pending across a handover measures its latency from when its current holder first saw it.) A key
+whose object is gone keeps its last shard for GONE_TTL seconds (`ShardMap.shard`): the request, the dispatch and a
+lost shard's timers agree on where its cleanup runs.
 
 What must never happen during a handover, when two replicas may both act on one shard for a moment (a reconcile that
-started before the old holder stopped; a paused process): one sandbox bound to two claims, or one claim bound to two
-sandboxes. The first is excluded by the adoption patch's resourceVersion precondition (reconcile/claims.py `_adopt`:
-the second replica's patch carries the version it saw unclaimed, and gets a 409). The second by the claim's Bound
-status write, preconditioned on the claim's resourceVersion (`_bind`): of two replicas binding one claim, only one
-write succeeds; the other reads the claim once, sees it bound elsewhere and deletes the sandbox it took
-(tests/kube/test_operator_shards.py drives both replicas at one claim at once).
+started before the old holder stopped; a paused process): one sandbox bound to two claims (or batch indexes), one
+claim bound to two sandboxes, one SandboxBatch index given two sandboxes, or a batch task run in a sandbox its index
+then gives up. The first is excluded by the adoption patch's resourceVersion precondition (reconcile/claims.py
+`_adopt`, reconcile/batches.py `_adopt`: the second replica's patch carries the version it saw unclaimed, and gets a
+409). The second by the claim's Bound status write, preconditioned on the claim's resourceVersion (`_bind`): of two
+replicas binding one claim, only one write succeeds; the other reads the claim once, sees it bound elsewhere and
+deletes the sandbox it took. The third by the batch's status write, preconditioned on the resourceVersion of the
+batch that replica's entries are built on (reconcile/batches.py `_write`; never the cache's newer version, which may
+hold the other's entries not merged in): the other reads the batch once, keeps for each index the sandbox the status
+names (`settle_indexes`) and deletes the one it took; a sandbox left labelled for an index whose status names another
+(its taker died first) is deleted by the next reconcile. The fourth because a pass that gives an index a sandbox
+writes the status before it starts the task (both replicas may then follow one task: execd's keyed start makes it
+one command). None of this costs a write on the normal path: a replica's own consecutive writes are conditional on
+the version its last one returned. Reconciles still running when a shard is released are not waited for: these
+preconditions make the overlap safe (its cost: a sandbox taken, deleted and refilled). The kube tier drives both
+replicas at the same claims, and at the same batches, at once (tests/kube/test_operator_shards.py).
 """
 
 from __future__ import annotations
@@ -77,6 +98,7 @@ MEMBER_PREFIX = "-replica-"
 SAFETY = 0.2  # a holder stops acting this share of the lease duration before others may take over
 RENEW_EVERY = 1 / 3  # of the lease duration
 DEAD_AFTER = 10  # lease durations without a renewal: a member lease is deleted
+GONE_TTL = 60.0  # seconds a key whose object is gone from the cache keeps its last shard (ShardMap.shard)
 Key = tuple[str, str, str]
 
 
@@ -189,6 +211,7 @@ class ShardMap:
     def __init__(self, cache: Any, shards: int) -> None:
         self.cache, self.shards = cache, shards
         self._last: dict[Key, int] = {}  # the shard of a key when its object was last seen
+        self._gone: dict[Key, float] = {}  # keys whose object the cache no longer has -> since when (oldest first)
 
     def _pool_ref(self, ns: str, body: Mapping[str, Any] | None) -> int | None:
         if body is None:
@@ -217,11 +240,26 @@ class ShardMap:
         return shard_of(ns, kind, name, self.shards)
 
     def shard(self, key: Key) -> int:
+        """The key's shard. A key whose object the cache no longer has keeps the shard it had for GONE_TTL seconds:
+        its deletion is asked about more than once (the request, then dispatch, then a lost shard's timers), and
+        each must get the same answer, or the reconcile that cleans up after it runs nowhere."""
         found = self._compute(*key) if self.cache.ready else None
         if found is None:
-            last = self._last.pop(key, None)
-            return last if last is not None else shard_of(key[1], key[0], key[2], self.shards)
+            now = time.monotonic()
+            while self._gone:  # the oldest first: forget those gone for GONE_TTL
+                old, since = next(iter(self._gone.items()))
+                if now - since < GONE_TTL:
+                    break
+                del self._gone[old]
+                self._last.pop(old, None)
+            last = self._last.get(key)
+            if last is None:
+                return shard_of(key[1], key[0], key[2], self.shards)
+            self._gone.setdefault(key, now)
+            return last
         self._last[key] = found
+        if self._gone:
+            self._gone.pop(key, None)  # (made again under its name)
         return found
 
 
@@ -566,20 +604,26 @@ def start_shards(ctx: Any, settings: ShardSettings, me: str) -> Shards:
                 for b in ctx.cache.all_objects(kind)
                 if shard_map.shard((kind, b["metadata"]["namespace"], b["metadata"]["name"])) == s]
 
+    def in_shard(s: int) -> Callable[[Key], bool]:
+        return lambda key: shard_map.shard(key) == s or ctx.cache.get(*key) is None
+
     def acquired(s: int) -> None:
-        """Everything in the shard is looked at again: the previous holder may have left it half-done."""
+        """Everything in the shard is looked at again: the previous holder may have left it half-done. What this
+        replica kept of the shard from an earlier tenure is dropped first (a reconcile still running when it lost
+        the shard may have noted something after `lost`)."""
+        ctx.forget(in_shard(s))
         keys = keys_in(s)
         for key in keys:
             ctx.request(*key)
         log.info("shard %d: %d objects to reconcile", s, len(keys))
 
     def lost(s: int) -> None:
-        """Nothing of the shard runs here any more: its deadline timers go, its batches' task followers stop."""
+        """Nothing of the shard runs here any more: its deadline timers go, its batches' task followers stop, and
+        what this replica kept in memory for its objects goes (Context.forget; with it, what it kept for objects
+        gone from the cache, whose cleanup may have run on another replica)."""
         if ctx.queue is not None:
             ctx.queue.cancel_where(lambda key: shard_map.shard(key) == s)
-        for ns, name in list(ctx.batches.states):
-            if shard_map.shard(("SandboxBatch", ns, name)) == s:
-                ctx.batches.forget(ns, name)
+        ctx.forget(in_shard(s))
 
     shards = Shards(settings=settings, me=me or f"corral-{os.getpid()}", kube=ctx.kube, shard_map=shard_map,
                     on_acquired=acquired, on_lost=lost)

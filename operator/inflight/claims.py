@@ -20,10 +20,16 @@ milliseconds later. Meanwhile:
 
 After a restart the book is empty, and the cache is current (kopf fills it before any handler runs): a claim bound
 before finds its sandbox by label, one whose adoption patch went through but whose status was not written binds then.
+The same holds for a claim whose shard moves to another replica and back (sharded mode): everything kept for the
+shard's claims goes when it moves (`forget_where`), since the other replica acts on them meanwhile. Kept, a phase
+written here whose echo was overtaken by the other replica's writes would hold the claim back for good
+(`awaiting_echo`), a binding the other replica undid would make it wait for a sandbox that is gone, and the claims
+deleted meanwhile (their cleanup reconcile runs on the other replica) would leak their entries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +131,21 @@ class ClaimBook:
     def sandbox_gone(self, ns: str, sandbox: str) -> None:
         """The sandbox is deleted: a reservation of it (an adoption whose labelled event never came) goes."""
         self.reserved.pop((ns, sandbox), None)
+
+    def forget_where(self, holder: Callable[[str, str], bool]) -> int:
+        """Everything kept for the holders (claims, or SandboxBatch indexes by their claim label) that
+        `holder(ns, name)` picks: reservations made for them, bindings, phases written, first-seen times, specs (a
+        shard this replica no longer holds, see corral.operator.shards). Returns how many entries went."""
+        gone = [k for k, h in self.reserved.items() if holder(*h)]
+        for k in gone:
+            del self.reserved[k]
+        n = len(gone)
+        for book in (self.bound, self._phase_written, self._first_seen, self._specs):
+            keys = [k for k in book if holder(*k)]
+            for k in keys:
+                del book[k]
+            n += len(keys)
+        return n
 
     def __len__(self) -> int:
         """Entries held in all (a leak shows here first)."""

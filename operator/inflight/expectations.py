@@ -9,6 +9,7 @@ create whose object never shows up, deleted at once say, must not hold the pool'
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,11 @@ class Expectations:
     def forget(self, key: Any) -> None:
         """The pool is gone."""
         self._pending.pop(key, None)
+
+    def forget_where(self, pool: Callable[[Any], bool]) -> None:
+        """The pools `pool` picks (a shard this replica no longer holds): as if gone."""
+        for key in [k for k in self._pending if pool(k)]:
+            del self._pending[key]
 
     def __len__(self) -> int:
         return len(self._pending)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +194,13 @@ class PoolPacing:
     def pool_gone(self, kind: str, ns: str, pool: str) -> None:
         for book in self._books():
             book.pop((kind, ns, pool), None)
+
+    def forget_where(self, pool: Callable[[PoolKey], bool]) -> None:
+        """The pools `pool` picks (a shard this replica no longer holds): as if gone. (A refill followed from before
+        would give a ready-lag sample that counts the time another replica held the pool.)"""
+        for book in self._books():
+            for key in [k for k in book if pool(k)]:
+                del book[key]
 
     def __len__(self) -> int:
         return sum(len(book) for book in self._books())

@@ -13,6 +13,7 @@ A restarted operator has neither: it may create a pod again (a 409, harmless) an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 POD_CREATE_GRACE = 30.0  # seconds we trust our own pod create before trying again
@@ -55,6 +56,12 @@ class SandboxStarts:
     def sandbox_gone(self, key: Key) -> None:
         self._pod_creates.pop(key, None)
         self._settling.pop(key, None)
+
+    def forget_where(self, sandbox: Callable[[Key], bool]) -> None:
+        """The sandboxes `sandbox` picks (a shard this replica no longer holds): as if gone."""
+        for book in (self._pod_creates, self._settling):
+            for key in [k for k in book if sandbox(k)]:
+                del book[key]
 
     def __len__(self) -> int:
         return len(self._pod_creates) + len(self._settling)

@@ -14,6 +14,7 @@ on first use (execd accepts the claim's own token for that).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Key = tuple[str, str]  # (namespace, sandbox)
@@ -49,6 +50,12 @@ class TokenBook:
         self._installed.pop((ns, sandbox), None)
         if last_in_namespace:
             self._key_secrets.discard(ns)
+
+    def forget_where(self, sandbox: Callable[[Key], bool]) -> None:
+        """Drop what was installed in the sandboxes `sandbox` picks (sandboxes gone while another replica held their
+        shard: their cleanup ran there)."""
+        for key in [k for k in self._installed if sandbox(k)]:
+            del self._installed[key]
 
     def has_key_secret(self, ns: str) -> bool:
         return ns in self._key_secrets

@@ -95,7 +95,7 @@ async def reconcile_batch(ctx: Context, ns: str, name: str) -> None:
         # write is due (batchtasks.mark): it carries this too, and asks for the next reconcile.
         async with st.lock:
             phase = await _write(ctx, body, st)
-    if spec.task is not None:
+    if spec.task is not None and book.states.get((ns, name)) is st:  # (forgotten meanwhile: the shard went)
         for entry in st.indexes:
             i = entry["index"]
             if entry["phase"] not in (b.BOUND, b.RUNNING) or st.following(i):

@@ -4,7 +4,7 @@ under its own Lease. Both serve claims at once, on pools of different shards, th
 one, and its shards move to the survivor within the lease time, with no claim lost or bound twice while the claims
 API keeps answering through the survivor. And when two replicas both act on one pool at once (the moment of a
 handover, made permanent here by giving each a shard group of its own), no sandbox is bound to two claims and no
-claim to two sandboxes."""
+claim to two sandboxes; and no SandboxBatch index ends with two sandboxes, nor a sandbox with two indexes."""
 
 import contextlib
 import threading

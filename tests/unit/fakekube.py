@@ -253,6 +253,12 @@ class RecordingQueue:
     def cancel_at(self, key: Key) -> None:
         self.timers.pop(key, None)
 
+    def cancel_where(self, pred: Callable[[Key], bool]) -> int:
+        keys = [k for k in self.timers if pred(k)]
+        for k in keys:
+            del self.timers[k]
+        return len(keys)
+
 
 @dataclass
 class Operator:

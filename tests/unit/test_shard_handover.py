@@ -1,0 +1,161 @@
+"""What a replica keeps in memory for a shard's objects when the shard moves (corral.operator.shards `start_shards`:
+`lost` and `acquired`, Context.forget), with a real Context and Cache over the in-memory API (fakekube.py); and the
+shard a deleted object's key keeps while its cleanup is asked about.
+
+Scenarios: a lost shard takes its claims', sandboxes', pools' and batches' entries along and leaves the other
+shard's; a Bound phase written just before the shard went, whose echo another replica overtook, would have held the
+claim back for good when the shard came back; what a reconcile that outlived the loss noted is dropped when the shard
+comes back; a deleted claim's key gets the same shard from the request, the dispatch and the timers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from fakekube import FakeKube, Operator
+from test_reconcilers import NS, bp_hash_of, put_member, put_template, put_warmpool
+
+from corral.api.common import API_VERSION
+from corral.operator import shards as shards_module
+from corral.operator.reconcile.claims import reconcile_claim
+from corral.operator.shards import GONE_TTL, ShardMap, Shards, ShardSettings, shard_of, start_shards
+
+N = 2
+
+
+def pools_in_two_shards() -> tuple[str, str]:
+    """Two WarmPool names whose shards (of N) differ."""
+    names = [f"wp{i}" for i in range(50)]
+    first = names[0]
+    other = next(n for n in names if shard_of(NS, "WarmPool", n, N) != shard_of(NS, "WarmPool", first, N))
+    return first, other
+
+
+def put_claim(fake: FakeKube, name: str, pool: str, **spec: Any) -> None:
+    fake.put({"apiVersion": API_VERSION, "kind": "SandboxClaim", "metadata": {"name": name, "namespace": NS},
+              "spec": {"poolRef": {"kind": "WarmPool", "name": pool}, **spec}})
+
+
+def sharded(op: Operator, monkeypatch: pytest.MonkeyPatch) -> Shards:
+    """start_shards' wiring over the operator's Context, holding every shard (its lease loop not started)."""
+    monkeypatch.setattr(Shards, "start", lambda self: None)
+    shards = start_shards(op.ctx, ShardSettings(shards=N, namespace="ops"), "me")
+    shards.valid_until.update({s: time.monotonic() + 3600 for s in range(N)})
+    return shards
+
+
+async def lose(shards: Shards, s: int) -> None:
+    await shards._lose(s, "test")  # noqa: SLF001 - the loop's own way of losing a shard
+
+
+def kept_for(op: Operator, claim: str) -> dict[str, Any]:
+    book = op.ctx.claims
+    return {k: v for k, v in {
+        "reserved": [sb for sb, h in book.reserved.items() if h == (NS, claim)],
+        "bound": book.bound_to(NS, claim),
+        "phase": book._phase_written.get((NS, claim)),  # noqa: SLF001
+        "spec": (NS, claim) in book._specs,  # noqa: SLF001
+    }.items() if v}
+
+
+async def test_a_lost_shard_takes_its_objects_in_flight_state_along_and_leaves_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeKube()
+    put_template(fake)
+    a, b = pools_in_two_shards()
+    op = Operator(fake, {"claim_quiet": 0.0})
+    for pool, ip in ((a, "127.0.0.1"), (b, "127.0.0.2")):
+        wp = put_warmpool(fake, pool, replicas=1)
+        put_member(fake, wp, bp_hash_of(op), f"{pool}-s", ip=ip)
+        put_claim(fake, f"c-{pool}", pool)
+        fake.put({"apiVersion": API_VERSION, "kind": "SandboxBatch",
+                  "metadata": {"name": f"batch-{pool}", "namespace": NS},
+                  "spec": {"poolRef": {"kind": "WarmPool", "name": pool}, "replicas": 1}})
+    op.sync()
+    for pool in (a, b):
+        await reconcile_claim(op.ctx, NS, f"c-{pool}")  # adopted, Bound written: both awaiting the watch
+    shards = sharded(op, monkeypatch)
+    for pool in (a, b):
+        assert kept_for(op, f"c-{pool}").keys() == {"reserved", "bound", "phase", "spec"}
+        op.ctx.starts.pod_created((NS, f"{pool}-s"), time.time())
+        op.ctx.pacing.claim_decided("WarmPool", NS, pool)
+        op.ctx.creates.expect(("WarmPool", NS, pool), f"{pool}-new")
+        op.ctx.batches.state(NS, f"batch-{pool}")
+    sizes = {"starts": len(op.ctx.starts), "pacing": len(op.ctx.pacing), "creates": len(op.ctx.creates)}
+
+    await lose(shards, shard_of(NS, "WarmPool", a, N))
+
+    assert kept_for(op, f"c-{a}") == {}
+    assert kept_for(op, f"c-{b}").keys() == {"reserved", "bound", "phase", "spec"}
+    assert list(op.ctx.batches.states) == [(NS, f"batch-{b}")]
+    assert not op.ctx.starts.pod_create_due((NS, f"{b}-s"), time.time())  # still trusted: b's shard is held
+    assert op.ctx.starts.pod_create_due((NS, f"{a}-s"), time.time())
+    assert op.ctx.creates.outstanding(("WarmPool", NS, a), set()) == 0
+    assert op.ctx.creates.outstanding(("WarmPool", NS, b), set()) == 1
+    assert op.ctx.pacing.claims_streaming("WarmPool", NS, a, time.time(), quiet=60) is None
+    assert op.ctx.pacing.claims_streaming("WarmPool", NS, b, time.time(), quiet=60) is not None
+    assert 0 < len(op.ctx.starts) < sizes["starts"] and 0 < len(op.ctx.pacing) < sizes["pacing"]
+    assert 0 < len(op.ctx.creates) < sizes["creates"]
+
+
+async def test_a_claim_whose_shard_comes_back_is_not_held_back_by_a_phase_written_before_it_went(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """This replica wrote Bound and lost the shard before the watch showed it; the other replica finished the claim
+    meanwhile (its shutdownTime), and the watch shows Finished. Kept, the Bound awaiting its echo would have held
+    every later pass back (`awaiting_echo`): the claim's ttlSecondsAfterFinished would never have deleted it."""
+    fake = FakeKube()
+    put_template(fake)
+    a, _ = pools_in_two_shards()
+    op = Operator(fake, {"claim_quiet": 0.0})
+    wp = put_warmpool(fake, a, replicas=1)
+    put_member(fake, wp, bp_hash_of(op), f"{a}-s")
+    put_claim(fake, "c", a, lifecycle={"ttlSecondsAfterFinished": 0})
+    op.sync()
+    await reconcile_claim(op.ctx, NS, "c")
+    assert kept_for(op, "c").get("phase") == "Bound"  # not seen back yet
+    shards = sharded(op, monkeypatch)
+    s = shard_of(NS, "WarmPool", a, N)
+    await lose(shards, s)
+    # a reconcile that was running when the shard went notes its write after `lost` ran
+    op.ctx.claims.phase_written(NS, "c", "Bound")
+    # the other replica finishes the claim; this one's watch shows it
+    fake.edit("SandboxClaim", NS, "c", {"status": {"phase": "Finished", "finishedTime": "2020-01-01T00:00:00Z"}})
+    op.sync()
+
+    shards.valid_until[s] = time.monotonic() + 3600
+    shards.on_acquired(s)
+    assert ("SandboxClaim", NS, "c") in op.queue.added  # looked at again
+    assert kept_for(op, "c") == {}
+    await reconcile_claim(op.ctx, NS, "c")
+    assert fake.find("SandboxClaim", NS, "c") is None  # its TTL ran: deleted
+
+
+def test_a_deleted_objects_key_keeps_its_shard_for_every_question_until_it_is_forgotten(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim's deletion is asked about by the request (Context.request), again by dispatch, and by a lost shard's
+    timers: each must say the pool's shard, or the cleanup reconcile is dropped where it should run (its key's own
+    hash names another shard: `shard_of(ns, "SandboxClaim", name)`)."""
+    n = 16
+    objs: dict[tuple[str, str, str], Any] = {}
+
+    class Cache:
+        ready = True
+
+        def claim(self, ns: str, name: str) -> Any:
+            return objs.get(("SandboxClaim", ns, name))
+
+    pool = shard_of("ns", "WarmPool", "wp", n)
+    name = next(f"c{i}" for i in range(100) if shard_of("ns", "SandboxClaim", f"c{i}", n) != pool)
+    key = ("SandboxClaim", "ns", name)
+    objs[key] = {"spec": {"poolRef": {"kind": "WarmPool", "name": "wp"}}}
+    smap = ShardMap(Cache(), n)
+    assert smap.shard(key) == pool
+    del objs[key]
+    assert [smap.shard(key) for _ in range(3)] == [pool, pool, pool]
+    # forgotten GONE_TTL after it went (on a later question about any gone key)
+    now = time.monotonic()
+    monkeypatch.setattr(shards_module.time, "monotonic", lambda: now + GONE_TTL + 1)
+    assert smap.shard(key) == shard_of("ns", "SandboxClaim", name, n)
+    assert smap._last == {} and smap._gone == {}  # noqa: SLF001
