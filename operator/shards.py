@@ -59,11 +59,14 @@ then gives up. The first is excluded by the adoption patch's resourceVersion pre
 `_adopt`, reconcile/batches.py `_adopt`: the second replica's patch carries the version it saw unclaimed, and gets a
 409). The second by the claim's Bound status write, preconditioned on the claim's resourceVersion (`_bind`): of two
 replicas binding one claim, only one write succeeds; the other reads the claim once, sees it bound elsewhere and
-deletes the sandbox it took. The third by the batch's status write, preconditioned on the resourceVersion of the
-batch that replica's entries are built on (reconcile/batches.py `_write`; never the cache's newer version, which may
-hold the other's entries not merged in): the other reads the batch once, keeps for each index the sandbox the status
-names (`settle_indexes`) and deletes the one it took; a sandbox left labelled for an index whose status names another
-(its taker died first) is deleted by the next reconcile. The fourth because a pass that gives an index a sandbox
+deletes the sandbox it took. Every other claim status write of a pass is conditional on the version the pass decided
+on too (Pending while it waits, Failed, Finished; a failed claim's sandbox is deleted only once Failed is written):
+a replica whose view is behind never writes over a claim that the other bound. The third by the batch's status
+write, preconditioned on the resourceVersion of the batch that replica's entries are built on (reconcile/batches.py
+`_write`; never the cache's newer version, which may hold the other's entries not merged in): the other reads the
+batch once, keeps for each index the sandbox the status names (`settle_indexes`) and deletes the one it took; a
+sandbox left labelled for an index whose status names another (its taker died first) is deleted by the next
+reconcile. The fourth because a pass that gives an index a sandbox
 writes the status before it starts the task (both replicas may then follow one task: execd's keyed start makes it
 one command). None of this costs a write on the normal path: a replica's own consecutive writes are conditional on
 the version its last one returned. Reconciles still running when a shard is released are not waited for: these

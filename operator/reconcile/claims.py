@@ -1,7 +1,9 @@
 """SandboxClaim: warm adoption from the cache (one conditional write), cold start otherwise, and the lifecycle.
 
 A warm claim costs two API writes: the adoption patch of the sandbox (conditional on its resourceVersion, so two
-claims can never take the same one; a 409 moves on to the next candidate) and the claim's status. Env goes to the
+claims can never take the same one; a 409 moves on to the next candidate) and the claim's status. A pass writes the
+claim's status only over the version of the claim it decided on (a replica whose view is behind, during a shard
+handover, writes nothing over another's binding). Env goes to the
 warm sandbox through execd, not through a new pod. Every user error ends in a Failed condition saying why.
 """
 
@@ -63,14 +65,34 @@ async def _status(ctx: Context, claim: ClaimView, *, resource_version: str | Non
         ctx.claims.phase_written(claim.namespace, claim.name, fields["phase"])
 
 
-async def finish(ctx: Context, claim: ClaimView, phase: str, reason: str, message: str) -> None:
+async def finish(ctx: Context, claim: ClaimView, phase: str, reason: str, message: str) -> bool:
+    """End the claim (Failed or Finished), over the version of the claim this pass decided on: a replica whose view
+    is behind (a shard changing hands, corral.operator.shards) never fails a claim that another replica has bound
+    meanwhile. On a conflict nothing is written (False): the change that caused it brings the claim back."""
     gen = claim.generation
     conditions = set_condition(claim.conditions, v.BOUND, False, reason, message, gen)
     if phase == v.FAILED:
         conditions = set_condition(conditions, v.FAILED, True, reason, message, gen)
+    if not await _decided(ctx, claim, phase, phase=phase, finished_time=now_iso(), observed_generation=gen,
+                          conditions=conditions):
+        return False
     metrics.claim_ended(claim.pool_name, claim.launch_type, reason)
-    await _status(ctx, claim, phase=phase, finished_time=now_iso(), observed_generation=gen, conditions=conditions)
     log.info("claim %s/%s %s: %s (%s)", claim.namespace, claim.name, phase, reason, message)
+    return True
+
+
+async def _decided(ctx: Context, claim: ClaimView, what: str, **fields: Any) -> bool:
+    """A status write conditional on the claim's version this pass looked at; False (nothing written) if the claim
+    changed since."""
+    try:
+        await _status(ctx, claim, resource_version=claim.resource_version or None, **fields)
+    except Exception as exc:  # noqa: BLE001
+        if status_code(exc) != 409:
+            raise
+        log.info("claim %s/%s changed since this pass looked at it; not written: %s", claim.namespace, claim.name,
+                 what)
+        return False
+    return True
 
 
 async def reconcile_claim(ctx: Context, ns: str, name: str) -> None:
@@ -105,8 +127,10 @@ async def reconcile_claim(ctx: Context, ns: str, name: str) -> None:
     try:
         await _pending(ctx, claim, spec, sandbox, now)
     except ClaimError as exc:
-        await _release_for_failure(ctx, ns, name)
-        await finish(ctx, claim, v.FAILED, exc.reason, str(exc))
+        # Failed first, then the sandbox goes: a replica whose view of the claim is behind (another bound it
+        # meanwhile) writes nothing, and so deletes nothing (a failed delete is retried by `_after_finish`).
+        if await finish(ctx, claim, v.FAILED, exc.reason, str(exc)):
+            await _release_for_failure(ctx, ns, name)
 
 
 async def _pending(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, sandbox: Member | None,
@@ -175,7 +199,7 @@ async def _waiting(ctx: Context, claim: ClaimView, reason: str, message: str) ->
     gen = claim.generation
     if claim.phase != v.PENDING or not any(c.get("reason") == reason for c in claim.conditions):
         conditions = set_condition(claim.conditions, v.BOUND, False, reason, message, gen)
-        await _status(ctx, claim, phase=v.PENDING, observed_generation=gen, conditions=conditions)
+        await _decided(ctx, claim, reason, phase=v.PENDING, observed_generation=gen, conditions=conditions)
 
 
 async def _adopt(ctx: Context, claim: ClaimView, kind: str, pool: str, bp_hash: str) -> Member | None:
@@ -396,6 +420,10 @@ async def _drop_extras(ctx: Context, claim: ClaimView, bound_to: str) -> Member 
 
 
 async def _after_finish(ctx: Context, claim: ClaimView, spec: SandboxClaimSpec, now: float) -> None:
+    if claim.phase == v.FAILED:
+        m = ctx.cache.claim_sandbox(claim.namespace, claim.name)
+        if (m is not None and not m.deleting and m.pool_kind != "Pool") or ctx.claims.is_bound(*claim.key):
+            await _release_for_failure(ctx, claim.namespace, claim.name)  # a failed claim holds no sandbox
     ttl = spec.lifecycle.ttl_seconds_after_finished
     if ttl is None:
         return

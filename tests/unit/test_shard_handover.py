@@ -159,3 +159,82 @@ def test_a_deleted_objects_key_keeps_its_shard_for_every_question_until_it_is_fo
     monkeypatch.setattr(shards_module.time, "monotonic", lambda: now + GONE_TTL + 1)
     assert smap.shard(key) == shard_of("ns", "SandboxClaim", name, n)
     assert smap._last == {} and smap._gone == {}  # noqa: SLF001
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Wall-clock time as the reconcilers read it (time.time), moved by the test: clock[0] = t."""
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    return now
+
+
+def behind(fake: FakeKube, op: Operator, **stale: dict[str, Any] | None) -> None:
+    """`op`'s watch shows the cluster as it is, except the objects given (kind -> body; None: not there yet)."""
+    keep = dict(fake.objects)
+    for kind, body in stale.items():
+        key = next(k for k in fake.objects if k[0] == kind)
+        if body is None:
+            del fake.objects[key]
+        else:
+            fake.objects[key] = body
+    op.sync()
+    fake.objects.clear()
+    fake.objects.update(keep)
+
+
+@pytest.mark.parametrize("stale_view", ["pool not seen yet", "sandbox not seen Ready, claim timed out"])
+async def test_a_replica_whose_view_is_behind_never_writes_over_a_claim_another_bound(clock: list[float],
+                                                                                       stale_view: str) -> None:
+    """Both replicas act on one claim for a moment; the second still sees it Pending. Its status writes (Pending
+    while it waits for the pool; Failed once the timeout it sees has passed) are conditional on that version, so
+    they get a 409 and write nothing; nor is the sandbox the first bound deleted for a failure that was not."""
+    fake = FakeKube()
+    put_template(fake)
+    first, second = Operator(fake, {"claim_quiet": 0.0}), Operator(fake, {"claim_quiet": 0.0})
+    wp = put_warmpool(fake, "wp", replicas=1)
+    put_member(fake, wp, bp_hash_of(first), "wp-s")
+    put_claim(fake, "c", "wp", timeoutSeconds=30)
+    first.sync()
+    pending = fake.find("SandboxClaim", NS, "c")
+    await reconcile_claim(first.ctx, NS, "c")
+    assert (fake.find("SandboxClaim", NS, "c") or {})["status"]["phase"] == "Bound"
+    if stale_view == "pool not seen yet":
+        behind(fake, second, SandboxClaim=pending, WarmPool=None)
+    else:
+        sandbox = fake.find("Sandbox", NS, "wp-s") or {}
+        sandbox["status"]["conditions"][0]["status"] = "False"
+        behind(fake, second, SandboxClaim=pending, Sandbox=sandbox)
+        clock[0] += 31
+    fake.reset_calls()
+
+    await reconcile_claim(second.ctx, NS, "c")
+
+    assert [c.code for c in fake.made("patch", "SandboxClaim")] == [409]
+    assert fake.made("delete") == []
+    status = (fake.find("SandboxClaim", NS, "c") or {})["status"]
+    assert (status["phase"], status["sandbox"]["name"]) == ("Bound", "wp-s")
+
+
+async def test_a_failed_claims_sandbox_goes_after_the_failed_status_and_a_failed_delete_is_retried(
+        clock: list[float]) -> None:
+    """The order behind the test above: Failed is written first, the sandbox deleted after it; a delete that fails
+    then is made again by the failed claim's next reconcile (a failed claim holds no sandbox)."""
+    fake = FakeKube()
+    put_template(fake)
+    op = Operator(fake, {"claim_quiet": 0.0})
+    wp = put_warmpool(fake, "wp", replicas=1)
+    put_member(fake, wp, bp_hash_of(op), "wp-s", ready=False)
+    put_claim(fake, "c", "wp", timeoutSeconds=30)
+    fake.edit("Sandbox", NS, "wp-s", {"metadata": {"labels": {"corral.dev/claim": "c"}}})  # adopted, not Ready
+    op.sync()
+    clock[0] += 31
+    fake.fail("delete", "Sandbox", 500)
+    with pytest.raises(Exception, match="injected"):
+        await reconcile_claim(op.ctx, NS, "c")
+    assert [(c.verb, c.kind, c.code) for c in fake.writes()] == [("patch", "SandboxClaim", None),
+                                                                  ("delete", "Sandbox", 500)]
+    assert (fake.find("SandboxClaim", NS, "c") or {})["status"]["phase"] == "Failed"
+    op.sync()
+    await reconcile_claim(op.ctx, NS, "c")
+    assert fake.find("Sandbox", NS, "wp-s") is None
