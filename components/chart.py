@@ -115,16 +115,33 @@ def _from_namespaces(names: list[str]) -> list[dict[str, Any]]:
     return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in names]
 
 
+def operator_selector(release: str) -> dict[str, str]:
+    """The chart's `corral.selectorLabels`: the operator pods of one release."""
+    return {**OPERATOR_POD_LABEL, "app.kubernetes.io/instance": release}
+
+
 def operator_network_policy(fullname: str, namespace: str, labels: dict[str, str], values: OperatorValues,
-                            execd_port: int) -> dict[str, Any]:
+                            execd_port: int, release: str = "corral") -> dict[str, Any]:
     """The operator pods: ingress only to the metrics, claims API and health ports (from the configured namespaces;
-    health from anywhere, for the kubelet); egress only to the Kubernetes API, DNS, and execd on sandbox pods."""
+    health from anywhere, for the kubelet); egress only to the Kubernetes API, DNS, and execd on sandbox pods.
+    Sharded (with the claims API): the release's replicas also reach each other's claims API port, both ways, whatever
+    `apiNamespaces` says - a request for another replica's shard is forwarded to that replica's pod IP
+    (corral.operator.claimsapi.routing)."""
     np = values.network_policy
+
+    def api_port() -> list[dict[str, Any]]:
+        return [{"protocol": "TCP", "port": values.api.port}]
+
+    def peers() -> list[dict[str, Any]]:  # a podSelector alone: pods of the policy's own namespace
+        return [{"podSelector": {"matchLabels": operator_selector(release)}}]
+
+    sharded = values.sharding.enabled and values.api.enabled
     ingress = [{"from": _from_namespaces(np.scrape_namespaces),
                 "ports": [{"protocol": "TCP", "port": values.metrics.port}]}]
     if values.api.enabled:
-        ingress.append({"from": _from_namespaces(np.api_namespaces),
-                        "ports": [{"protocol": "TCP", "port": values.api.port}]})
+        ingress.append({"from": _from_namespaces(np.api_namespaces), "ports": api_port()})
+    if sharded:
+        ingress.append({"from": peers(), "ports": api_port()})
     ingress.append({"ports": [{"protocol": "TCP", "port": values.health_port}]})
     egress: list[dict[str, Any]] = [
         {"ports": [{"protocol": "TCP", "port": p} for p in np.api_server_ports]},
@@ -132,6 +149,8 @@ def operator_network_policy(fullname: str, namespace: str, labels: dict[str, str
                  "podSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "corral-operator"}}}],
          "ports": [{"protocol": "TCP", "port": execd_port}]},
     ]
+    if sharded:
+        egress.append({"to": peers(), "ports": api_port()})
     if np.dns:
         egress.append({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
     return {
@@ -201,19 +220,25 @@ def _rbac_template() -> str:
 
 
 def _networkpolicy_template() -> str:
-    values = OperatorValues()
-    op = operator_network_policy("__FULLNAME__", "__NAMESPACE__", {"__LABELS__": "x"}, values, _execd_port())
-    op["spec"]["ingress"][0]["from"] = "__SCRAPE_FROM__"
-    op["spec"]["ingress"][1]["from"] = "__API_FROM__"
-    op["spec"]["ingress"][0]["ports"][0]["port"] = "__METRICS_PORT__"
-    op["spec"]["ingress"][1]["ports"][0]["port"] = "__API_PORT__"
-    op["spec"]["ingress"][2]["ports"][0]["port"] = "__HEALTH_PORT__"
-    op["spec"]["egress"][0]["ports"] = "__APISERVER_PORTS__"
-    dns = op["spec"]["egress"].pop()
+    values = OperatorValues.parse({"sharding": {"enabled": True}})  # every rule; the optional ones made conditions
+    op = operator_network_policy("__FULLNAME__", "__NAMESPACE__", {"__LABELS__": "x"}, values, _execd_port(),
+                                 release="__RELEASE__")
+    ingress, egress = op["spec"]["ingress"], op["spec"]["egress"]  # [metrics, api, peers, health], [.., peers, dns]
+    ingress[0]["from"] = "__SCRAPE_FROM__"
+    ingress[1]["from"] = "__API_FROM__"
+    ingress[0]["ports"][0]["port"] = "__METRICS_PORT__"
+    for rule in (ingress[1], ingress[2], egress[2]):
+        rule["ports"][0]["port"] = "__API_PORT__"
+    ingress[3]["ports"][0]["port"] = "__HEALTH_PORT__"
+    egress[0]["ports"] = "__APISERVER_PORTS__"
+    dns = egress.pop()
     op_text = yaml.safe_dump(op, sort_keys=False, width=120)
-    api_rule = "  - from: __API_FROM__\n    ports:\n    - protocol: TCP\n      port: __API_PORT__\n"
-    assert api_rule in op_text, op_text
-    op_text = op_text.replace(api_rule, "{{- if .Values.api.enabled }}\n" + api_rule + "{{- end }}\n")
+    sharded = "{{- if and .Values.sharding.enabled .Values.api.enabled }}\n"
+    for rule, condition in ((ingress[1], "{{- if .Values.api.enabled }}\n"), (ingress[2], sharded),
+                            (egress[2], sharded)):
+        text = "".join("  " + ln + "\n" for ln in yaml.safe_dump([rule], sort_keys=False, width=120).splitlines())
+        assert op_text.count(text) == 1, (text, op_text)
+        op_text = op_text.replace(text, condition + text + "{{- end }}\n")
     dns_text = "".join("  " + ln + "\n" for ln in yaml.safe_dump([dns], sort_keys=False).splitlines())
     op_text += "{{- if .Values.networkPolicy.dns }}\n" + dns_text + "{{- end }}\n"
     sbx = sandbox_namespace_policy("__SANDBOX_NS__", "__NAMESPACE__", {"__LABELS__": "x"}, _execd_port())
@@ -235,6 +260,7 @@ def _helmify(text: str) -> str:
         "  labels:\n    __LABELS__: x\n": '  labels:\n    {{- include "corral.labels" $ | nindent 4 }}\n',
         "__FULLNAME__": '{{ include "corral.fullname" $ }}',
         "__NAMESPACE__": "{{ $.Release.Namespace }}",
+        "__RELEASE__": "{{ $.Release.Name }}",
         "__SA__": '{{ include "corral.serviceAccountName" $ }}',
         "__SANDBOX_NS__": "{{ $ns }}",
         " __SCRAPE_FROM__": ns_list % "$.Values.networkPolicy.scrapeNamespaces",

@@ -108,7 +108,8 @@ class NetworkPolicy(Model):
     scrape_namespaces: list[str] = Field(
         default_factory=list, description="Namespaces allowed to scrape metrics (by name); empty: any namespace.")
     api_namespaces: list[str] = Field(
-        default_factory=list, description="Namespaces allowed to call the claims API (by name); empty: any namespace.")
+        default_factory=list, description="Namespaces allowed to call the claims API (by name); empty: any namespace. "
+                                          "Sharded replicas reach each other's API port whatever it lists.")
     api_server_ports: list[int] = Field(
         default_factory=lambda: [443, 6443], description="Ports the operator may reach the Kubernetes API on.")
     dns: bool = Field(default=True, description="Allow the operator DNS (UDP/TCP 53) to any address.")

@@ -183,6 +183,12 @@ async def _mark_pod(context: Context) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    if (running := STATE.get("ctx")) is not None and running.shards is not None:
+        # Sharded: release the shards first, so the other replicas take them at once. The claims API then stops
+        # (uvicorn lets requests in flight finish for a few seconds): a claim one of them waits for is bound by the
+        # new holder meanwhile, and this replica's watches still see it. Released after the API instead, a
+        # replica given a short grace (a force-deleted pod gets 2 s) was killed first: its shards waited the lease.
+        await running.shards.stop()
     await claims_api.stop()
     for name in ("resync", "kopf"):
         if (task := STATE_TASKS.pop(name, None)) is not None:
@@ -191,8 +197,6 @@ async def cleanup(**_: Any) -> None:
         await informers.stop()
     context = STATE.pop("ctx", None)
     if context is not None:
-        if context.shards is not None:
-            await context.shards.stop()  # release the shards now: the other replicas take them at once
         context.batches.close()
         await context.leadership.stop()
         if context.leadership.active:

@@ -35,7 +35,11 @@ assignment from the same view; views differ for a moment, and the CAS writes set
   renewal. A replica that cannot renew (partitioned, paused) so stops acting before anyone else may take over.
 A replica killed without goodbye: its shards are free `leaseDurationSeconds` after its last renewal was observed,
 and its member lease expires with them, so the survivors' assignment covers them: a shard moves within the lease
-time (plus the watch's delivery).
+time (plus the watch's delivery). A replica that sees any lease of another run out counts that one gone: out of its
+assignment, its member lease cleared, and each of its shard leases cleared as it runs out if another replica is to
+take it (`reap`: holderIdentity removed, a CAS like every write). A replica that joined since (the Deployment's
+replacement pod) times leases from its own first sight of them and would otherwise wait a whole duration more. A
+replica stopped (SIGTERM) releases its shards before its claims API drains (handlers.cleanup).
 
 On acquiring a shard the replica requests a reconcile of every object in it (from the cache); on losing it, the
 queue's timers for its keys are cancelled and its batches' task followers stopped; requests for keys of shards not
@@ -186,6 +190,7 @@ def observe(previous: Observed | None, body: Mapping[str, Any], now: float) -> O
 class Plan:
     acquire: tuple[int, ...] = ()
     release: tuple[int, ...] = ()
+    reap: tuple[int, ...] = ()  # ran out in this replica's view, assigned to another: cleared for it (see `plan`)
 
 
 def plan(me: str, shards: int, leases: Mapping[int, Observed], members: Iterable[str], held: Iterable[int],
@@ -199,7 +204,12 @@ def plan(me: str, shards: int, leases: Mapping[int, Observed], members: Iterable
     release = tuple(sorted(s for s in held if target.get(s) != me))
     acquire = tuple(sorted(s for s, m in target.items() if m == me and s not in held
                            and s in leases and (leases[s].holder in (None, me) or not leases[s].live(now))))
-    return Plan(acquire=acquire, release=release)
+    # A lease that ran out here (its holder died without releasing it) and that another replica is to take: cleared,
+    # so that it takes it at once. That replica may have joined since (a Deployment's replacement pod): it times the
+    # lease from its own first sight of it and would wait a whole duration more.
+    reap = tuple(sorted(s for s, o in leases.items() if s not in held and o.holder not in (None, me)
+                        and not o.live(now) and target.get(s) not in (None, me)))
+    return Plan(acquire=acquire, release=release, reap=reap)
 
 
 def now_micro() -> str:
@@ -456,11 +466,22 @@ class Shards:
         if now - self._renewed.get(self.member_name, 0) >= d * RENEW_EVERY:
             await self._renew_member()
         await self._forget_dead(now)
-        p = plan(self.me, self.n, self.leases, self.live_members(now), self.held(now), now)
+        # A replica with a lease that ran out here (no renewal seen for its duration) is gone: out of the assignment,
+        # and its member lease cleared, so that every view drops it now (a replica that joined since counts a member
+        # lease live for a duration from its own first sight, and would keep a share for it); its shard leases are
+        # cleared as each runs out, for whoever is to take them (`plan`). Alive after all, it joins again.
+        gone = {o.holder for o in (*self.leases.values(), *self.members.values())
+                if o.holder and o.holder != self.me and not o.live(now)}
+        for name, obs in list(self.members.items()):
+            if name != self.member_name and obs.holder in gone:
+                await self._reap(name, obs)
+        p = plan(self.me, self.n, self.leases, self.live_members(now) - gone, self.held(now), now)
         for s in p.release:
             await self._release(s)
         for s in p.acquire:
             await self._acquire(s)
+        for s in p.reap:
+            await self._reap(self.shard_lease(s), self.leases[s])
         for s in sorted(self.held()):
             name = self.shard_lease(s)
             if time.monotonic() - self._renewed.get(name, 0) >= d * RENEW_EVERY:
@@ -537,6 +558,20 @@ class Shards:
                                                                       "acquireTime": None})
             if body is not None:
                 self._apply([body], time.monotonic())
+
+    async def _reap(self, name: str, obs: Observed) -> None:
+        """Clear the holder of a lease that ran out in this replica's view: no renewal seen for its duration, so its
+        holder has stopped acting on it (as for an acquisition). Every replica then sees it free at once, including
+        one that joined less than a duration ago. A CAS on the version seen: a renewal meanwhile wins."""
+        try:
+            body = await self._write(name, obs.rv, {"holderIdentity": None, "renewTime": None, "acquireTime": None})
+        except Exception as exc:  # noqa: BLE001 - retried at the next step, if it still applies
+            log.warning("clearing lease %s of %s failed: %s", name, obs.holder, exc)
+            return
+        if body is not None:
+            log.info("lease %s of %s ran out (no renewal seen for %.0f s): cleared for the others", name,
+                     obs.holder, obs.duration)
+            self._apply([body], time.monotonic())
 
     def _next_wake(self) -> float:
         now, d = time.monotonic(), self.settings.duration

@@ -79,6 +79,7 @@ log = logging.getLogger("corral.operator.claimsapi")
 REQUESTS = Counter("corral_claims_api_requests_total", "Claims HTTP API requests", ["route", "status"])
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", TOKEN_HEADER.lower(), "content-length"}
+SERVED_HERE = {"date", "server"}  # response headers the API's own server writes: execd's would make two of each
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": Error}, 401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}, 413: {"model": Error},
     503: {"model": Error},
@@ -449,7 +450,7 @@ def create_app(backend: ClaimsBackend, token: str, *, proxy_timeout: float = 360
             if isinstance(exc, httpx.ConnectError) and (unreachable := getattr(backend, "execd_unreachable", None)):
                 unreachable(name)  # the backend checks, and replaces a sandbox whose execd stays gone
             return error(502, "sandbox_unreachable", f"execd of claim {name} did not answer: {exc}")
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP | SERVED_HERE}
         return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out_headers,
                                  background=BackgroundTask(resp.aclose))
 

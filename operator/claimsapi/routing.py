@@ -37,6 +37,7 @@ log = logging.getLogger("corral.operator.claimsapi.routing")
 FORWARDED = b"x-corral-forwarded"
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade", b"host",
               b"proxy-authorization", b"proxy-authenticate", b"content-length"}
+SERVED_HERE = {b"date", b"server"}  # this replica's server writes its own: the holder's would make two of each
 CLAIM_PATH = re.compile(r"^/v1/claims/([^/]+)(/.*)?$")
 BATCH_PATH = re.compile(r"^/v1/batches/([^/]+)$")
 EXECD_PATH = re.compile(r"^/v1/claims/[^/]+/execd/")
@@ -127,8 +128,7 @@ class ShardRouter:
         request = self._client.build_request(scope["method"], url, headers=headers, content=content())
         response = await self._client.send(request, stream=True)  # a TransportError here: nothing was sent back yet
         try:
-            out = [(k.lower().encode(), v.encode()) for k, v in response.headers.items()
-                   if k.lower().encode() not in HOP_BY_HOP]
+            out = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP | SERVED_HERE]
             out.append((b"x-corral-shard", str(shard).encode()))
             await send({"type": "http.response.start", "status": response.status_code, "headers": out})
             async for chunk in response.aiter_raw():

@@ -74,6 +74,13 @@ class KindCluster:
     def json(self, *args: str) -> dict:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
+    def kill_container(self, pod: dict) -> None:
+        """SIGKILL the pod's (first) container on the node, as the OOM killer does: no SIGTERM before it."""
+        cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+        proc = subprocess.run(["docker", "exec", f"{self.name}-control-plane", "crictl", "stop", "--timeout", "0",
+                               cid], capture_output=True, text=True, timeout=60, env=tool_env())
+        assert proc.returncode == 0, f"crictl stop {cid}: {proc.stderr[-2000:]}"
+
     @contextmanager
     def port_forward(self, namespace: str, target: str, port: int) -> Iterator[int]:
         """`kubectl port-forward` to 127.0.0.1:<a free port>; yields that port."""
@@ -115,6 +122,21 @@ class DevStack:
             raise AssertionError(f"pulumi {' '.join(args)} exited {proc.returncode}\n--- stdout ---\n"
                                  f"{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
         return proc
+
+    def configure(self, pairs: list[tuple[str, str]]) -> None:
+        """`pulumi config set --path KEY VALUE` for each pair, as a user changes the stack."""
+        for key, value in pairs:
+            self.pulumi("config", "set", "--path", key, value, "--stack", STACK)
+
+    def unset(self, *keys: str) -> None:
+        """`pulumi config rm --path KEY` for each key (one not set is no error)."""
+        for key in keys:
+            self.pulumi("config", "rm", "--path", key, "--stack", STACK, check=False)
+
+    def up(self) -> None:
+        """`pulumi up`, then the stack's outputs read again."""
+        self.pulumi("up", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview")
+        self.outputs = json.loads(self.pulumi("stack", "output", "--stack", STACK, "--json", "--show-secrets").stdout)
 
 
 # What this machine's single 2-core node can hold next to the control plane: the dev stack's pools with small

@@ -4,7 +4,6 @@ installs it: `pulumi up --stack dev` with the controller image loaded into the n
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 
@@ -39,11 +38,9 @@ def dev_stack(kind_cluster, tmp_path_factory) -> Iterator[DevStack]:
            "PULUMI_CONFIG_PASSPHRASE": "corral-cluster-tests"}
     stack = DevStack(project, env, {})
     stack.pulumi("stack", "init", STACK, "--non-interactive")
-    for key, value in STACK_CONFIG:
-        stack.pulumi("config", "set", "--path", key, value, "--stack", STACK)
+    stack.configure(STACK_CONFIG)
     try:
-        stack.pulumi("up", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview")
-        stack.outputs = json.loads(stack.pulumi("stack", "output", "--stack", STACK, "--json", "--show-secrets").stdout)
+        stack.up()
         yield stack
     finally:
         stack.pulumi("destroy", "--stack", STACK, "--yes", "--non-interactive", "--skip-preview", check=False)

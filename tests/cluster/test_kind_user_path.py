@@ -1,23 +1,31 @@
 """The user's path on a real node: `pulumi up --stack dev` on kind, the operator as a pod from its chart, warm pools
 of real pods made Ready by the kubelet's probe, the SDK through a port-forward to the claims API Service, the chart's
-NetworkPolicies enforced, the operator pod deleted mid-stream, `pulumi destroy` leaving nothing, and the host's
-kernel as it was.
+NetworkPolicies enforced, the operator pod deleted mid-stream, sharded mode switched on with `pulumi config` (two
+replicas forwarding to each other, one force-deleted, one crashed) and off again, `pulumi destroy` leaving nothing,
+and the host's kernel as it was.
 
 The tests run in file order and share one stack (a real cluster costs minutes to fill)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from clusterutil import host_sysctls
 from waiting import wait_until
+
+from corral.operator.shards import shard_of
 
 pytestmark = pytest.mark.cluster
 
@@ -202,8 +210,7 @@ def test_dns_disallowed_template_cannot_resolve(kind_cluster, dev_stack, client)
     pool = {"apiVersion": "corral.dev/v1alpha1", "kind": "WarmPool",
             "metadata": {"name": "python-nodns", "namespace": SBX_NS},
             "spec": {"replicas": 1, "templateRef": {"name": "python-nodns"}}}
-    import json as _json
-    kind_cluster.kubectl("apply", "-f", "-", input=_json.dumps({"apiVersion": "v1", "kind": "List",
+    kind_cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                                   "items": [manifest, pool]}))
     try:
         with client.claim(pool="python-nodns", timeout=300) as sbx:
@@ -227,8 +234,6 @@ def test_a_killed_execd_fails_the_real_readiness_probe_and_is_never_handed_out(k
     """execd killed for good (supervisor and server) in an idle and in a bound sandbox: the kubelet's readiness probe
     turns the pods unready, the idle one is not handed to a claim and its WarmPool replaces it after the grace, and
     the bound claim is not shown Ready. Sandbox pods carry no execd token in their spec."""
-    import json as _json
-
     def idle_ready_pods():
         found = [p for p in pods(kind_cluster, SBX_NS, "corral.dev/pool=python")
                  if ready(p) and "corral.dev/claim" not in p["metadata"]["labels"]]
@@ -236,7 +241,7 @@ def test_a_killed_execd_fails_the_real_readiness_probe_and_is_never_handed_out(k
 
     python_pods = wait_until(idle_ready_pods, 600, what="two idle Ready python sandboxes", interval=2)
     for pod in python_pods:
-        assert 'CORRAL_EXECD_TOKEN"' not in _json.dumps(pod["spec"])
+        assert 'CORRAL_EXECD_TOKEN"' not in json.dumps(pod["spec"])
         (init,) = pod["spec"]["initContainers"]
         assert {e["name"] for e in init["env"]} == {"CORRAL_EXECD_KEY_FILE", "CORRAL_EXECD_POD_NAMESPACE",
                                                     "CORRAL_EXECD_POD_NAME", "CORRAL_EXECD_POD_UID"}
@@ -264,7 +269,7 @@ def test_a_killed_execd_fails_the_real_readiness_probe_and_is_never_handed_out(k
                    180, what=f"{victim} replaced by its WarmPool", interval=2)
     finally:
         kind_cluster.kubectl("-n", SBX_NS, "patch", "warmpool", "python", "--type", "merge",
-                             "-p", _json.dumps({"spec": {"readinessGraceSeconds": grace}}), check=False)
+                             "-p", json.dumps({"spec": {"readinessGraceSeconds": grace}}), check=False)
 
 
 def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster, dev_stack):
@@ -308,6 +313,294 @@ def test_operator_pod_deleted_mid_stream_loses_and_doubles_nothing(kind_cluster,
         assert {n: owners.get(n) for n in names} == dict(zip(names, sandboxes, strict=True))
     finally:
         kind_cluster.kubectl("-n", SBX_NS, "delete", "sandboxclaims", *names, "--wait=false", check=False)
+
+
+
+
+# ---- sharded mode, from the chart ----------------------------------------------------------------------------------
+
+SHARDS, LEASE = 4, 6  # a short lease keeps the handovers quick
+API_CALLERS = "agents"  # who may call the claims API, narrowed (networkPolicy.apiNamespaces) the way a user does
+SHARDED = [("corral:controller.values.sharding.enabled", "true"),
+           ("corral:controller.values.sharding.shards", str(SHARDS)),
+           ("corral:controller.values.sharding.leaseSeconds", str(LEASE)),
+           ("corral:controller.values.replicas", "2"),
+           ("corral:controller.values.networkPolicy.apiNamespaces[0]", API_CALLERS)]
+
+
+def shard_leases(cluster) -> tuple[dict[int, str | None], dict[str, str]]:
+    """(shard -> holder pod, live member pod -> its claims API address) from the Leases labelled corral.dev/shards."""
+    shards, members = {}, {}
+    for lease in cluster.json("-n", OP_NS, "get", "leases", "-l", "corral.dev/shards")["items"]:
+        name, spec = lease["metadata"]["name"], lease["spec"]
+        if name.startswith("corral-shard-") and int(name.rsplit("-", 1)[1]) < SHARDS:
+            shards[int(name.rsplit("-", 1)[1])] = spec.get("holderIdentity")
+        elif name.startswith("corral-replica-") and spec.get("holderIdentity"):
+            members[spec["holderIdentity"]] = (lease["metadata"].get("annotations") or {}).get(
+                "corral.dev/claims-api-address", "")
+    return shards, members
+
+
+def live_operators(cluster) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in operator_pods(cluster)
+            if ready(p) and not p["metadata"].get("deletionTimestamp")}
+
+
+def claims_bound_once(cluster, names: list[str]) -> dict[str, str]:
+    """claim -> its sandbox, once every claim is Bound, its status names one sandbox, that sandbox is the one live
+    sandbox labelled for it, and no sandbox serves two claims (kubectl's view of SandboxClaims and Sandboxes)."""
+    def settled():
+        claims = {c["metadata"]["name"]: c for c in cluster.json("-n", SBX_NS, "get", "sandboxclaims")["items"]}
+        labelled: dict[str, list[str]] = {}
+        for s in cluster.json("-n", SBX_NS, "get", "sandboxes")["items"]:
+            c = (s["metadata"].get("labels") or {}).get("corral.dev/claim")
+            if c and not s["metadata"].get("deletionTimestamp"):
+                labelled.setdefault(c, []).append(s["metadata"]["name"])
+        named = {n: ((claims.get(n) or {}).get("status") or {}) for n in names}
+        ok = all(st.get("phase") == "Bound" and labelled.get(n) == [(st.get("sandbox") or {}).get("name")]
+                 for n, st in named.items())
+        return ok and {n: st["sandbox"]["name"] for n, st in named.items()}
+
+    bound = wait_until(settled, 120, what="every claim Bound to exactly the one sandbox its status names", interval=1,
+                       dump=lambda: cluster.kubectl("-n", SBX_NS, "get", "sandboxclaims,sandboxes", "-L",
+                                                    "corral.dev/claim", check=False).stdout)
+    assert len(set(bound.values())) == len(bound), f"a sandbox bound to two claims: {Counter(bound.values())}"
+    return bound
+
+
+def metric_sum(port: int, name: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and line[len(name)] in " {")
+
+
+def settled(cluster) -> tuple[dict[str, dict], dict[int, str | None], dict[str, str]]:
+    """(pod name -> pod, shard -> holder, member -> address) once two Ready sharded operator pods are all there is
+    and hold the shards half each."""
+    def two_sharded():
+        found = {n: p for n, p in live_operators(cluster).items()
+                 if any(e["name"] == "CORRAL_SHARDS" for e in p["spec"]["containers"][0].get("env") or [])}
+        return len(found) == 2 and len(operator_pods(cluster)) == 2 and found
+
+    ops = wait_until(two_sharded, 300, what="two Ready sharded operator pods", interval=1,
+                     dump=lambda: cluster.kubectl("-n", OP_NS, "get", "pods", "-o", "wide", check=False).stdout)
+
+    def split():
+        shards, members = shard_leases(cluster)
+        counts = Counter(shards.values())
+        return (len(shards) == SHARDS and set(counts) == set(ops) and set(counts.values()) == {SHARDS // 2}
+                and set(members) == set(ops) and (shards, members))
+
+    shards, members = wait_until(split, 60, what=f"{SHARDS // 2} shards held by each replica", interval=0.5,
+                                 dump=lambda: shard_leases(cluster))
+    return ops, shards, members
+
+
+class Sharded:
+    """The claims API of each sharded replica through a port-forward to its pod, and the claims made through them."""
+
+    def __init__(self, cluster, token: str, stack: contextlib.ExitStack) -> None:
+        self.cluster, self.auth, self.stack = cluster, {"Authorization": f"Bearer {token}"}, stack
+        self.api: dict[str, str] = {}
+        self.made: list[str] = []
+        self.results: dict[str, httpx.Response] = {}
+        self.logs: dict[str, str] = {}
+
+    def url(self, pod: str) -> str:
+        if pod not in self.api:
+            port = self.stack.enter_context(self.cluster.port_forward(OP_NS, f"pod/{pod}", 7780))
+            self.api[pod] = f"http://127.0.0.1:{port}"
+        return self.api[pod]
+
+    def claim(self, via: str, pool: str, name: str) -> None:
+        self.made.append(name)
+        self.results[name] = httpx.post(f"{self.url(via)}/v1/claims", headers=self.auth, timeout=240, json={
+            "pool": pool, "name": name, "ttlSeconds": 900, "timeoutSeconds": 180})
+
+    def created(self, names) -> None:
+        assert {n: self.results[n].status_code for n in names} == {n: 201 for n in names}, \
+            {n: self.results[n].text for n in names if self.results[n].status_code != 201}
+
+    def release(self, via: str, names) -> None:  # the node's CPU is small: claims that served their purpose go
+        for name in names:
+            r = httpx.delete(f"{self.url(via)}/v1/claims/{name}", headers=self.auth, timeout=60)
+            assert r.status_code in (200, 202, 204), r.text
+
+    def handover(self, victim: str, via: str, pools: list[str], *, crash: bool) -> tuple[float, float, dict]:
+        """Claims on `pools` keep coming through `via` while `victim` goes: force-deleted (grace 0: the kubelet still
+        sends SIGTERM, with 2 s to go), or first crashed (SIGKILL, no goodbye). Returns how long after it went, and
+        after its last lease renewal, every shard was held by a live replica again; and who holds them."""
+        self.logs[victim] = self.cluster.kubectl("-n", OP_NS, "logs", victim, check=False).stdout
+        pod = self.cluster.json("-n", OP_NS, "get", "pod", victim)
+        how = "crash" if crash else "kill"
+        names = [f"{how}-{j}-{pool}-{uuid.uuid4().hex[:4]}" for j in range(2) for pool in pools]
+        threads = [threading.Thread(target=self.claim, args=(via, pool, name))
+                   for name, pool in zip(names, [pool for _ in range(2) for pool in pools], strict=True)]
+        for t in threads[:len(pools)]:
+            t.start()
+        time.sleep(1.0)  # a cold claim forwarded to the victim is in flight there, waiting for its pod
+        if crash:
+            self.cluster.kill_container(pod)
+        self.cluster.kubectl("-n", OP_NS, "delete", "pod", victim, "--grace-period=0", "--force", "--wait=false")
+        t0 = time.monotonic()
+        renewed = max((datetime.fromisoformat(lease["spec"]["renewTime"]) for lease in self.cluster.json(
+            "-n", OP_NS, "get", "leases", "-l", "corral.dev/shards")["items"]
+            if lease["metadata"]["name"].startswith("corral-shard-") and lease["spec"].get("holderIdentity") == victim
+            and lease["spec"].get("renewTime")),
+            default=datetime.now(UTC))  # (the kind node's clock is this machine's)
+        for t in threads[len(pools):]:
+            time.sleep(0.5)
+            t.start()
+
+        def moved():  # to the survivor, or to the Deployment's replacement pod (Ready or not yet)
+            held, _ = shard_leases(self.cluster)
+            current = {p["metadata"]["name"] for p in operator_pods(self.cluster)
+                       if not p["metadata"].get("deletionTimestamp")} - {victim}
+            return len(held) == SHARDS and set(held.values()) <= current and held
+
+        held = wait_until(moved, LEASE * 5, interval=0.1, what=f"{victim}'s shards held by live replicas",
+                          dump=lambda: (shard_leases(self.cluster), self.cluster.kubectl(
+                              "-n", OP_NS, "logs", via, "--tail=40", check=False).stdout))
+        took, since_renewal = time.monotonic() - t0, (datetime.now(UTC) - renewed).total_seconds()
+        for t in threads:
+            t.join()
+        self.created(names)
+        # the API keeps answering through the survivor, for every pool
+        after = [f"after-{pool}-{uuid.uuid4().hex[:4]}" for pool in pools]
+        for name, pool in zip(after, pools, strict=True):
+            self.claim(via, pool, name)
+        self.created(after)
+        listed = httpx.get(f"{self.url(via)}/v1/claims", headers=self.auth, timeout=10)
+        phases = {c["name"]: c["phase"] for c in listed.json()["items"]}
+        assert all(phases.get(n) == "Ready" for n in [*names, *after]), phases
+        claims_bound_once(self.cluster, [*names, *after])
+        self.release(via, [*names, *after])
+        return took, since_renewal, held
+
+
+def test_sharded_replicas_from_the_chart_share_the_pools_forward_and_survive_a_force_delete(kind_cluster, dev_stack):
+    """Sharded mode the way a user turns it on (`pulumi config set --path controller.values.sharding.enabled true`,
+    two replicas, `pulumi up`), with the claims API's callers narrowed to one namespace: both replicas hold shards
+    (Leases), each binds the claims of its own pool, a request sent to the replica that does not hold its pool's shard
+    is forwarded pod to pod (`x-corral-shard`) through the chart's NetworkPolicy, the execd proxy too. Then, while
+    claims keep coming through the other replica, the holder of one pool is force-deleted (it releases its shards at
+    SIGTERM, even with a claim in flight), and the holder of the other crashes (its shards move when their lease runs
+    out, to the survivor or to the Deployment's replacement pod that joined meanwhile); every claim ends Bound to a
+    sandbox of its own and the API keeps answering. No traceback in any replica's log. The stack goes back to one
+    replica at the end.
+
+    Without the narrowing this cluster's NetworkPolicy enforcer (kube-router) lets replica-to-replica traffic through
+    even though the policy's egress does not name it: it runs a pod's ingress and egress rules in one chain, and the
+    destination's ingress rule admitting every namespace marks the packet for the source's egress too. A CNI that
+    enforces egress on its own (Calico, Cilium) would drop it; with the narrowing, kube-router does too unless the
+    policy admits the replicas to each other."""
+    cluster = kind_cluster
+    t_start = time.monotonic()
+    extra_pool = None
+    dev_stack.configure(SHARDED)
+    dev_stack.up()
+    with contextlib.ExitStack() as stack:
+        api = Sharded(cluster, dev_stack.outputs["apiToken"], stack)
+        try:
+            ops, shards, members = settled(cluster)
+            for name, pod in ops.items():  # CORRAL_POD_IP: each replica announces its own pod IP to the others
+                assert members[name] == f"http://{pod['status']['podIP']}:7780", members
+
+            # Two pools on two replicas: the WarmPool python, and a cold Pool (the stack's shell, or one made here on
+            # the template shell) in a shard of the other replica.
+            def holder(kind: str, pool: str) -> str:
+                return shards[shard_of(SBX_NS, kind, pool, SHARDS)]
+
+            warm_holder = holder("WarmPool", "python")
+            (cold_holder,) = set(ops) - {warm_holder}
+            cold = "shell"
+            if holder("Pool", cold) != cold_holder:
+                cold = extra_pool = next(f"shell-{i}" for i in range(100)
+                                         if holder("Pool", f"shell-{i}") == cold_holder)
+                cluster.kubectl("apply", "-f", "-", input=json.dumps({
+                    "apiVersion": "corral.dev/v1alpha1", "kind": "Pool",
+                    "metadata": {"name": cold, "namespace": SBX_NS},
+                    "spec": {"templateRef": {"name": "shell"}, "capacity": {"bufferMin": 0, "bufferMax": 0,
+                                                                              "poolMax": 10}}}))
+            pool_holder = {"python": warm_holder, cold: cold_holder}
+            metrics = {n: stack.enter_context(cluster.port_forward(OP_NS, f"pod/{n}", 9090)) for n in ops}
+            for n in ops:  # both replicas' caches know both pools (a request's shard is found from them)
+                wait_until(lambda n=n: {"python", cold} <= {p["name"] for p in httpx.get(
+                    f"{api.url(n)}/v1/pools", headers=api.auth, timeout=10).json()["items"]}, 30,
+                    what=f"pools seen by {n}")
+
+            # Both replicas serve at once: a claim on each pool sent to each replica's API at the same time.
+            def binds() -> dict[str, float]:
+                return {n: metric_sum(metrics[n], "corral_claim_latency_seconds_count") for n in ops}
+
+            before = binds()
+            first = {f"both-{i}-{pool}-{uuid.uuid4().hex[:4]}": (via, pool)
+                     for i, via in enumerate(sorted(ops)) for pool in pool_holder}
+            threads = [threading.Thread(target=api.claim, args=(via, pool, name))
+                       for name, (via, pool) in first.items()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            api.created(first)
+            # forwarded exactly when sent to the replica not holding the pool's shard (pod to pod, in the cluster)
+            forwarded = {n: "x-corral-shard" in api.results[n].headers for n in first}
+            assert forwarded == {n: via != pool_holder[pool] for n, (via, pool) in first.items()}, forwarded
+            # each replica bound the claims of its own pool
+            wait_until(lambda: {n: b - before[n] for n, b in binds().items()} == {n: 2 for n in ops}, 30,
+                       what="two binds by each replica", dump=lambda: (before, binds()))
+            bound = claims_bound_once(cluster, list(first))
+
+            # A command in each claimed sandbox through the replica that does not hold its pool: the execd proxy is
+            # forwarded too, and its answer has one Date.
+            for name, (_via, pool) in first.items():
+                (non_holder,) = set(ops) - {pool_holder[pool]}
+                r = httpx.post(f"{api.url(non_holder)}/v1/claims/{name}/execd/v1/command", headers=api.auth,
+                               timeout=60, json={"command": "hostname; id -u"})
+                assert r.status_code == 200 and r.headers.get("x-corral-shard"), (r.status_code, r.headers, r.text)
+                assert (r.json()["exit_code"], r.json()["stdout"]) == (0, f"{bound[name]}\n1000\n"), r.json()
+                assert len(r.headers.get_list("date")) == 1 and len(r.headers.get_list("server")) == 1, r.headers
+            api.release(warm_holder, first)
+
+            # The cold pool's holder is force-deleted while claims on both pools come through the other replica.
+            graceful, _, _ = api.handover(cold_holder, warm_holder, ["python", cold], crash=False)
+            # Then, the Deployment's replacement pod in, the warm pool's holder now crashes while claims come through
+            # the other replica.
+            ops, shards, _ = settled(cluster)
+            victim = shards[shard_of(SBX_NS, "WarmPool", "python", SHARDS)]
+            (via,) = set(ops) - {victim}
+            crashed, since_renewal, held = api.handover(victim, via, ["python", cold], crash=True)
+            by = "the replacement pod" if set(held.values()) - set(ops) else "the survivor"
+            print(f"\nsharded (lease {LEASE} s): shards held again {graceful:.1f} s after a force delete, "
+                  f"{crashed:.1f} s after a crash ({since_renewal:.1f} s after its last renewal; then by {by}); the "
+                  f"test so far took {time.monotonic() - t_start:.0f} s")
+            # released at SIGTERM, before the API drains its requests in flight: no lease to wait for
+            assert graceful < LEASE / 2, f"shards moved {graceful:.1f} s after a force delete (lease {LEASE} s)"
+            # the leases run out LEASE after the last renewal; a replacement that joined meanwhile takes its share
+            # then (the survivor clears the dead replica's leases), not a whole lease after it first saw them
+            assert since_renewal < LEASE + 1.5, \
+                f"shards moved {since_renewal:.1f} s after the crashed replica's last renewal (lease {LEASE} s)"
+
+            for name, pod in live_operators(cluster).items():
+                api.logs[name] = cluster.kubectl("-n", OP_NS, "logs", name, check=False).stdout
+                assert pod["status"]["containerStatuses"][0]["restartCount"] == 0, pod["status"]
+            broken = {n: text[max(0, text.index("Traceback") - 500):][:3000] for n, text in api.logs.items()
+                      if "Traceback" in text}
+            assert not broken, f"tracebacks in the operator logs: {broken}"
+        finally:
+            if api.made:
+                cluster.kubectl("-n", SBX_NS, "delete", "sandboxclaims", *api.made, "--ignore-not-found",
+                                "--wait=false", check=False)
+            if extra_pool:
+                cluster.kubectl("-n", SBX_NS, "delete", "pool", extra_pool, "--ignore-not-found", "--wait=false",
+                                check=False)
+            stack.close()  # the port-forwards, before their pods go
+            dev_stack.unset("corral:controller.values.sharding", "corral:controller.values.replicas",
+                            "corral:controller.values.networkPolicy")
+            dev_stack.up()
+            wait_until(lambda: [p for p in operator_pods(cluster) if ready(p) and p["metadata"]["labels"].get(
+                "corral.dev/claims-api") == "active"] and len(operator_pods(cluster)) == 1, 300,
+                       what="one active operator pod again")
 
 
 KILL_EXECD = ("import os, signal\n"

@@ -194,6 +194,22 @@ def test_the_execd_proxy_streams_large_uploads_through_uncapped_and_authenticate
     assert backend.calls == [("execd_target", "c1")]
 
 
+
+def test_the_execd_proxy_leaves_date_and_server_to_the_api_servers_own():
+    """The API's server (uvicorn) writes Date and Server on every answer: execd's passed through made two of each
+    (seen on the kind cluster: `date` twice, which strict clients refuse)."""
+    async def execd(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"date": "Mon, 01 Jan 2024 00:00:00 GMT", "server": "uvicorn",
+                                            "content-type": "application/json", "x-execd": "1"},
+                              stream=httpx.ByteStream(b"{}"))  # a stream, as a real upstream sends
+
+    app = create_app(FakeBackend(), TOKEN)
+    with TestClient(app) as http:  # (the test client writes no Date or Server of its own)
+        app.state.http = httpx.AsyncClient(transport=httpx.MockTransport(execd))
+        r = http.post("/v1/claims/c1/execd/v1/command", json={"command": "true"}, headers=AUTH)
+    assert r.status_code == 200 and r.headers["x-execd"] == "1", r.headers
+    assert "date" not in r.headers and "server" not in r.headers, r.headers
+
 def test_only_health_metrics_and_docs_answer_without_a_token():
     with TestClient(create_app(FakeBackend(), TOKEN)) as http:
         assert http.get("/v1/health").status_code == 200 and http.get("/metrics").status_code == 200

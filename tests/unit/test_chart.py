@@ -168,6 +168,39 @@ def test_operator_policy_without_api_or_dns():
     assert 53 not in [p["port"] for r in spec["egress"] for p in r["ports"]]
 
 
+
+def test_sharded_replicas_admit_each_other_on_the_api_port_whatever_api_namespaces_says():
+    """Sharded, a replica forwards a request for another replica's shard to that replica's pod IP: the policy admits
+    the release's operator pods to each other's claims API port, ingress and egress (a CNI enforcing egress alone,
+    e.g. Calico, drops it otherwise; kube-router drops it once apiNamespaces leaves the release namespace out)."""
+    values = OperatorValues.parse({"sharding": {"enabled": True}, "replicas": 2,
+                                   "networkPolicy": {"apiNamespaces": ["agents"]}})
+    spec = chart.operator_network_policy("rel-corral", "corral-system", {}, values, EXECD_PORT, release="rel")["spec"]
+    peers = [{"podSelector": {"matchLabels": {**OPERATOR_APP_LABEL, "app.kubernetes.io/instance": "rel"}}}]
+    api = [{"protocol": "TCP", "port": 7780}]
+    assert [[p["port"] for p in r["ports"]] for r in spec["ingress"]] == [[9090], [7780], [7780], [8080]]
+    assert spec["ingress"][1]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agents"}}}]
+    assert spec["ingress"][2] == {"from": peers, "ports": api}
+    assert {"to": peers, "ports": api} in spec["egress"]
+    # not without sharding (one active replica forwards nothing), nor without the API
+    for raw in ({"networkPolicy": {"apiNamespaces": ["agents"]}}, {"sharding": {"enabled": True}, "api": {
+            "enabled": False}}):
+        spec = chart.operator_network_policy("c", "ns", {}, OperatorValues.parse(raw), EXECD_PORT)["spec"]
+        assert not [r for r in [*spec["ingress"], *spec["egress"]] for x in (r.get("from"), r.get("to"))
+                    if x and "podSelector" in x[0] and "namespaceSelector" not in x[0]], spec
+
+
+def test_the_peer_rules_select_the_charts_own_pods_and_render_only_when_sharded():
+    helpers = (CHART / "templates/_helpers.tpl").read_text()
+    selector = helpers.split('define "corral.selectorLabels"')[1].split("{{- end")[0]
+    labels = dict(ln.strip().split(": ", 1) for ln in selector.splitlines() if ": " in ln)
+    assert labels == chart.operator_selector("{{ .Release.Name }}")  # the Deployment's pods, this release's only
+    template = (CHART / "templates/networkpolicies.yaml").read_text()
+    assert template.count("{{- if and .Values.sharding.enabled .Values.api.enabled }}") == 2
+    assert template.count("app.kubernetes.io/instance: {{ $.Release.Name }}") == 2
+    assert "&id" not in template and "*id" not in template  # no YAML anchors from shared dicts
+
 def test_sandbox_namespace_is_default_deny_except_operator_to_execd():
     pol = chart.sandbox_namespace_policy("sbx", "corral-system", {}, EXECD_PORT)
     spec = pol["spec"]

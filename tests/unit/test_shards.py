@@ -1,14 +1,17 @@
 """Sharded mode's pure parts (corral.operator.shards): the shard function, fair share, the assignment, and what a
-replica does with its leases given a view and a time."""
+replica does with its leases given a view and a time; and one step of the lease loop against a fake API server."""
 
+import time
 from collections import Counter
 
 import pytest
+from fakekube import FakeKube
 
 from corral.operator.cache import Cache
 from corral.operator.shards import (
     Observed,
     ShardMap,
+    Shards,
     ShardSettings,
     assign,
     fair_share,
@@ -84,6 +87,69 @@ def test_plan_releases_what_is_assigned_to_a_newcomer():
     # and b, seeing them released, takes exactly those
     after = {s: (lease(None, 100) if s in p.release else lease("a", 100)) for s in range(4)}
     assert plan("b", 4, after, {"a", "b"}, set(), now=100.1).acquire == p.release
+
+
+def test_plan_clears_a_run_out_lease_that_another_replica_is_to_take():
+    # "dead" holds 0 and 1 and stopped renewing 12 s ago (duration 10); "new" joined since: a keeps its own two
+    leases = {0: lease("dead", seen=88), 1: lease("dead", seen=88), 2: lease("a", 99), 3: lease("a", 99)}
+    p = plan("a", 4, leases, {"a", "new"}, {2, 3}, now=100)
+    assert (p.acquire, p.release, p.reap) == ((), (), (0, 1))  # cleared for "new", who takes them at once:
+    free = {**leases, 0: lease(None, 100), 1: lease(None, 100)}
+    assert plan("new", 4, free, {"a", "new"}, set(), now=100.1).acquire == (0, 1)
+    # ...where "new"'s own view, timed from its first sight of them, still had them live for 10 s
+    assert plan("new", 4, {s: lease(h.holder, 97) for s, h in leases.items()}, {"a", "new"}, set(),
+                now=100.1).acquire == ()
+    # not before they ran out here, not what this replica takes itself, not what nobody holds
+    assert plan("a", 4, leases, {"a", "new"}, {2, 3}, now=97).reap == ()
+    assert plan("a", 4, leases, {"a"}, {2, 3}, now=100).acquire == (0, 1)
+    assert plan("a", 4, leases, {"a"}, {2, 3}, now=100).reap == ()
+    assert plan("a", 4, free, {"a", "new"}, {2, 3}, now=100).reap == ()
+
+
+def lease_body(name: str, holder: str | None) -> dict:
+    spec = {"leaseDurationSeconds": 10} | ({"holderIdentity": holder, "renewTime": "t0"} if holder else {})
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
+            "metadata": {"name": name, "namespace": "ops", "labels": {"corral.dev/shards": "corral"}}}
+
+
+@pytest.mark.parametrize("member_seen_ago", [11, 1])
+async def test_a_replica_that_saw_a_holder_die_frees_its_leases_for_one_that_joined_since(member_seen_ago):
+    """A Deployment's replacement pod joins before the dead replica's leases run out: it times them from its own first
+    sight, so alone it would leave them unheld a whole lease more. The survivor, which saw them run out, clears them
+    (shards and the dead one's member lease, even when that was renewed last and has not run out yet): the newcomer
+    takes its share at its next step."""
+    kube = FakeKube()
+    names = {"dead": member_lease_name("dead"), "old": member_lease_name("old"), "new": member_lease_name("new")}
+    for s, holder in enumerate(["dead", "dead", "old", "old"]):
+        kube.put(lease_body(f"corral-shard-{s}", holder))
+    for who, name in names.items():
+        kube.put(lease_body(name, who))
+
+    def replica(me: str, seen_ago: dict[str, float]) -> Shards:
+        r = Shards(settings=ShardSettings(shards=4, namespace="ops", duration=10), me=me, kube=kube,
+                   shard_map=ShardMap(FakeCache(), 4))
+        now = time.monotonic()
+        for obj in kube.of_kind("Lease", "ops"):
+            r._apply([obj], now - seen_ago.get(obj["metadata"]["name"], 0))
+        r._renewed[r.member_name] = now
+        return r
+
+    # "old" saw "dead" renew its shards 11 s ago (its member lease maybe just 1 s ago); "new" has just joined
+    old = replica("old", {"corral-shard-0": 11, "corral-shard-1": 11, names["dead"]: member_seen_ago})
+    for s in (2, 3):
+        old.valid_until[s] = time.monotonic() + 8
+        old._renewed[old.shard_lease(s)] = time.monotonic()
+    new = replica("new", {})  # everything seen just now: "dead" looks live for 10 s more
+    await new._step()
+    assert new.held() == set()
+    await old._step()
+    holders = {o["metadata"]["name"]: o["spec"].get("holderIdentity") for o in kube.of_kind("Lease", "ops")}
+    assert holders == {"corral-shard-0": None, "corral-shard-1": None, "corral-shard-2": "old",
+                       "corral-shard-3": "old", names["dead"]: None, names["old"]: "old", names["new"]: "new"}
+    for obj in kube.of_kind("Lease", "ops"):  # what new's watch brings
+        new._apply([obj], time.monotonic())
+    await new._step()
+    assert new.held() == {0, 1} and old.held() == {2, 3}
 
 
 def test_observe_times_expiry_from_local_observation():
