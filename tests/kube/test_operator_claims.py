@@ -13,6 +13,7 @@ from kubeutil import (
     claim,
     claim_status,
     claim_token,
+    get_or_none,
     idle_ready,
     sandbox_or_none,
     status,
@@ -121,6 +122,30 @@ def test_shutdown_policies_and_ttl(kube, operator, ns, policy):
     if policy == "Retain":
         time.sleep(2)
         assert sandbox_or_none(kube, ns, sandbox) is not None, "Retain: the sandbox outlives the claim"
+
+
+def test_a_deleted_claims_sandbox_and_pod_are_deleted_by_the_operator(kube, operator, ns):
+    """Releasing a claim (deleting it) deletes its sandbox and pod at once, by the operator itself, not when
+    kube-controller-manager's garbage collector (a rate-limited client shared by every controller) gets to them:
+    the operator's own Sandbox and Pod delete counters go up by one each, and both objects are gone."""
+    from lightkube.resources.core_v1 import Pod
+
+    kube.create(template("py"), namespace=ns)
+    kube.create(warm_pool("wp", "py", 1), namespace=ns)
+    wait_ready_pool(kube, ns, "wp", 1)
+    kube.create(claim("c", "wp"), namespace=ns)
+    sandbox = wait_until(lambda: bound(kube, ns, "c"), 30, what="bound")["sandbox"]["name"]
+
+    def deletes(kind):
+        return operator.metrics().get(f'corral_api_requests_total{{resource="{kind}",verb="delete"}}', 0.0)
+
+    before = deletes("Sandbox"), deletes("Pod")
+    kube.delete(SandboxClaim, "c", namespace=ns)
+    wait_until(lambda: sandbox_or_none(kube, ns, sandbox) is None, 30, what="the claim's sandbox deleted")
+    wait_until(lambda: get_or_none(kube, Pod, ns, sandbox) is None, 30, what="its pod deleted")
+    assert (deletes("Sandbox"), deletes("Pod")) == (before[0] + 1, before[1] + 1), \
+        "the operator did not delete the released claim's sandbox and pod itself"
+    wait_ready_pool(kube, ns, "wp", 1)  # and the pool refills as before
 
 
 def test_claim_made_before_its_pool_and_template_binds_once_they_exist(kube, operator, ns):
