@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
@@ -127,6 +128,11 @@ class Operator:
     def containers(self, **labels: str) -> list[Any]:
         filters = [f"{engine.L_STACK}={self.stack}", f"{engine.L_ROLE}=sandbox",
                    *(f"{k}={v}" for k, v in labels.items())]
+        for _ in range(10):  # the SDK lists, then inspects each: one removed in between (a pool's surplus) is a 404
+            try:
+                return self.client.containers.list(all=True, filters={"label": filters})
+            except docker.errors.NotFound:
+                time.sleep(0.3)
         return self.client.containers.list(all=True, filters={"label": filters})
 
     def wait_idle(self, pool: str, n: int, timeout: float = 300.0) -> None:
