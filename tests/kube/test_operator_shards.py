@@ -199,6 +199,20 @@ def test_two_sharded_replicas_serve_claims_at_once_and_survive_sigkill(kube, kub
         operator.start()
 
 
+def split_brain(replicas: list, operator, kube, kube_cluster, tmp_path, ns: str, ready: int) -> None:
+    """Two replicas that both hold the one shard of WarmPool "wp" (each a shard group of its own, one shard), appended
+    to `replicas` (the caller stops them). The pool is filled by the first; the second joins for the claims: a split
+    brain lasts a moment in a handover, not a whole fill (two replicas each creating the deficit the other's creates
+    then make a surplus of fill a pool slowly, a cost of the split that the shard leases keep short)."""
+    replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r0", group=f"{ns}-0", shards=1))
+    kube.create(template("py"), namespace=ns)
+    kube.create(warm_pool("wp", "py", ready), namespace=ns)
+    wait_until(lambda: len(idle_ready(kube, ns, "wp")) >= ready, 120, 0.5, f"{ready} ready",
+               dump=lambda: replicas[0].log()[-2000:])
+    replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r1", group=f"{ns}-1", shards=1))
+    wait_until(lambda: metric(replicas[1], "corral_shards_held") == 1, 30, 0.2, "the second replica's shard")
+
+
 def test_two_replicas_acting_on_one_pool_at_once_never_bind_twice(kube, kube_cluster, operator, ns, tmp_path):
     """Split brain on purpose: each replica has a shard group of its own with one shard, so both hold the pool's
     shard and both reconcile every claim. The adoption patch (resourceVersion of the sandbox) and the Bound status
@@ -206,16 +220,7 @@ def test_two_replicas_acting_on_one_pool_at_once_never_bind_twice(kube, kube_clu
     operator.stop()
     replicas = []
     try:
-        # The pool is filled by one replica, the second joins for the claims: a split brain lasts a moment in a
-        # handover, not a whole fill (two replicas each creating the deficit the other's creates then make a
-        # surplus of fill a pool slowly, a cost of the split that the shard leases keep short).
-        replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r0", group=f"{ns}-0", shards=1))
-        kube.create(template("py"), namespace=ns)
-        kube.create(warm_pool("wp", "py", 30), namespace=ns)
-        wait_until(lambda: len(idle_ready(kube, ns, "wp")) >= 30, 120, 0.5, "30 ready",
-                   dump=lambda: replicas[0].log()[-2000:])
-        replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r1", group=f"{ns}-1", shards=1))
-        wait_until(lambda: metric(replicas[1], "corral_shards_held") == 1, 30, 0.2, "the second replica's shard")
+        split_brain(replicas, operator, kube, kube_cluster, tmp_path, ns, 30)
         before = {op: (binds(op), metric(op, "corral_claim_lost_binds_total")) for op in replicas}
         # every sandbox each claim's status ever named, as the watch delivers it: a client that saw a claim Ready
         # must never see it move to another sandbox (a last-writer-wins status would)
@@ -288,13 +293,7 @@ def test_two_replicas_acting_on_one_pool_at_once_give_each_batch_index_one_sandb
     operator.stop()
     replicas = []
     try:
-        replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r0", group=f"{ns}-0", shards=1))
-        kube.create(template("py"), namespace=ns)
-        kube.create(warm_pool("wp", "py", 24), namespace=ns)
-        wait_until(lambda: len(idle_ready(kube, ns, "wp")) >= 24, 120, 0.5, "24 ready",
-                   dump=lambda: replicas[0].log()[-2000:])
-        replicas.append(sharded(operator, kube_cluster, tmp_path, ns, "r1", group=f"{ns}-1", shards=1))
-        wait_until(lambda: metric(replicas[1], "corral_shards_held") == 1, 30, 0.2, "the second replica's shard")
+        split_brain(replicas, operator, kube, kube_cluster, tmp_path, ns, 24)
         adoptions = 'corral_api_requests_total{resource="Sandbox",verb="patch"}'
 
         def batch_calls(op) -> float:
