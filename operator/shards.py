@@ -218,6 +218,12 @@ def now_micro() -> str:
 
 # ---- which shard a reconcile key is in -----------------------------------------------------------------------------
 
+def pool_ref(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of a claim's or a batch's spec.poolRef; the name is "" when it has none."""
+    ref = (body.get("spec") or {}).get("poolRef") or {}
+    return ref.get("kind") or "WarmPool", ref.get("name") or ""
+
+
 class ShardMap:
     """(kind, namespace, name) -> shard, from the cache (see the module docstring)."""
 
@@ -227,10 +233,7 @@ class ShardMap:
         self._gone: dict[Key, float] = {}  # keys whose object the cache no longer has -> since when (oldest first)
 
     def _pool_ref(self, ns: str, body: Mapping[str, Any] | None) -> int | None:
-        if body is None:
-            return None
-        ref = (body.get("spec") or {}).get("poolRef") or {}
-        return shard_of(ns, ref.get("kind") or "WarmPool", ref.get("name") or "", self.shards)
+        return None if body is None else shard_of(ns, *pool_ref(body), self.shards)
 
     def _compute(self, kind: str, ns: str, name: str) -> int | None:
         """Pools and templates by their own name; claims and batches by their poolRef; a sandbox by its pool label,

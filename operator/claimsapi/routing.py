@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..shards import shard_of
+from ..shards import pool_ref, shard_of
 
 log = logging.getLogger("corral.operator.claimsapi.routing")
 
@@ -55,10 +55,8 @@ class ShardRouter:
             self.ctx.cache.pool(self.ns, pool) is not None else "WarmPool"
 
     def _ref_of(self, body: dict[str, Any] | None) -> tuple[str, str] | None:
-        if body is None:
-            return None
-        ref = (body.get("spec") or {}).get("poolRef") or {}
-        return (ref.get("kind") or "WarmPool", ref.get("name") or "") if ref.get("name") else None
+        ref = None if body is None else pool_ref(body)
+        return ref if ref and ref[1] else None
 
     def pool_of(self, method: str, path: str, body: bytes) -> tuple[str, str] | None:
         """(pool kind, pool name) of a request to route, or None: served here."""

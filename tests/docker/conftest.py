@@ -4,13 +4,11 @@ sweep of everything that stack made."""
 from __future__ import annotations
 
 import secrets
-import time
 from typing import Any
 
-import docker
 import pytest
 from client_harness import local_stack as local_stack  # the client tests' module-scoped stack, one per module
-from operator_harness import REPO, Operator, desired_state, free_port  # noqa: F401
+from operator_harness import REPO, Operator, desired_state, free_port, list_containers  # noqa: F401
 
 from corral.operator.docker import engine
 
@@ -39,11 +37,4 @@ def make_operator(docker_client, tmp_path):
 
 
 def stack_containers(client: Any, stack: str) -> list[Any]:
-    """The stack's containers. The docker SDK lists, then inspects each: one whose removal was still finishing
-    (the sweep's remove answers 409 "already in progress" for it) is gone by its inspect (404): list again."""
-    for _ in range(10):
-        try:
-            return client.containers.list(all=True, filters={"label": f"{engine.L_STACK}={stack}"})
-        except docker.errors.NotFound:
-            time.sleep(0.3)
-    return client.containers.list(all=True, filters={"label": f"{engine.L_STACK}={stack}"})
+    return list_containers(client, [f"{engine.L_STACK}={stack}"])

@@ -49,6 +49,18 @@ def desired_state(stack: str, *, warm: dict[str, int] | None = None, pools: list
     )
 
 
+
+def list_containers(client: Any, labels: list[str]) -> list[Any]:
+    """Containers (all states) with these labels. The docker SDK lists, then inspects each: one removed in between
+    (a pool's surplus, or a removal the sweep found already in progress) is a 404 for the inspect: list again."""
+    for _ in range(10):
+        try:
+            return client.containers.list(all=True, filters={"label": labels})
+        except docker.errors.NotFound:
+            time.sleep(0.3)
+    return client.containers.list(all=True, filters={"label": labels})
+
+
 @dataclass
 class Operator:
     """One operator of a throwaway stack, run as `python -m corral.operator.docker` (like the image does)."""
@@ -126,14 +138,8 @@ class Operator:
         return float(m.group(1)) if m else 0.0
 
     def containers(self, **labels: str) -> list[Any]:
-        filters = [f"{engine.L_STACK}={self.stack}", f"{engine.L_ROLE}=sandbox",
-                   *(f"{k}={v}" for k, v in labels.items())]
-        for _ in range(10):  # the SDK lists, then inspects each: one removed in between (a pool's surplus) is a 404
-            try:
-                return self.client.containers.list(all=True, filters={"label": filters})
-            except docker.errors.NotFound:
-                time.sleep(0.3)
-        return self.client.containers.list(all=True, filters={"label": filters})
+        return list_containers(self.client, [f"{engine.L_STACK}={self.stack}", f"{engine.L_ROLE}=sandbox",
+                                             *(f"{k}={v}" for k, v in labels.items())])
 
     def wait_idle(self, pool: str, n: int, timeout: float = 300.0) -> None:
         """Until the pool has exactly n idle ready sandboxes and nothing starting (and n containers of the pool
