@@ -4,6 +4,8 @@ The claim and pool metrics are the core's (corral.operator.core.metrics: the sam
 runtime's); the ones here are about the Kubernetes API and the reconcilers, and exist in this mode only.
 """
 
+from collections import OrderedDict
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from .core.metrics import CLAIM_LATENCY, CLAIMS, POOL_SANDBOXES  # noqa: F401 - one /metrics, one module to look in
@@ -17,4 +19,19 @@ API_LATENCY = Histogram("corral_api_request_seconds", "Kubernetes API request la
 LOST_BINDS = Counter("corral_claim_lost_binds_total", "Claims this replica adopted or created a sandbox for but "
                      "another replica bound first (sharded mode, a shard changing hands): the sandbox taken was "
                      "deleted.")
+_LOST_COUNTED: OrderedDict[str, None] = OrderedDict()  # uids of sandboxes counted in LOST_BINDS (the last 4096)
+
+
+def lost_bind(sandbox_uid: str | None) -> None:
+    """Count a sandbox given back after a lost bind once: the pass that lost the status write deletes it, and a
+    later pass that still sees it labelled for the claim (before the deletion's watch event) deletes it again."""
+    if sandbox_uid:
+        if sandbox_uid in _LOST_COUNTED:
+            return
+        _LOST_COUNTED[sandbox_uid] = None
+        if len(_LOST_COUNTED) > 4096:
+            _LOST_COUNTED.popitem(last=False)
+    LOST_BINDS.inc()
+
+
 SHARDS_HELD = Gauge("corral_shards_held", "Shards this replica holds (sharded mode).")

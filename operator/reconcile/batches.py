@@ -39,7 +39,7 @@ from ..core import batches as b
 from ..core import lifecycle, metrics
 from ..core import vocabulary as v
 from ..kube import ignore, status_code
-from ..metrics import LOST_BINDS
+from ..metrics import lost_bind
 from ..planning import Member, adoption_candidates
 from .batchtasks import follow
 from .conditions import now_iso, set_condition
@@ -258,7 +258,7 @@ async def _drop_extras(ctx: Context, ns: str, label: str, keep: Member) -> None:
         if m.name != keep.name and not m.deleting:
             log.warning("batch index %s/%s has sandbox %s; deleting sandbox %s also labelled for it", ns, label,
                         keep.name, m.name)
-            LOST_BINDS.inc()
+            lost_bind(m.uid)
             await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, ns, uid=m.uid or None))
 
 
@@ -484,10 +484,10 @@ async def _settle(ctx: Context, ns: str, batch: str, st: BatchState, theirs: lis
         winner = st.indexes[i]["sandbox"]
         log.warning("batch %s/%s index %d was given sandbox %s by another replica meanwhile; deleting sandbox %s "
                     "taken for it", ns, batch, i, winner, sandbox)
-        LOST_BINDS.inc()
         st.cancel(i)
         labelled = {m.name: m for m in ctx.cache.claim_sandboxes(ns, label)}
         uid = st.taken.pop(sandbox, None) or (labelled[sandbox].uid if sandbox in labelled else None)
+        lost_bind(uid)
         ctx.reserved.pop((ns, sandbox), None)
         if ctx.bound.get((ns, label)) == sandbox:
             del ctx.bound[(ns, label)]  # the winner's may not be in the cache yet: see _check_indexes

@@ -28,7 +28,7 @@ from ..core import lifecycle, metrics
 from ..core import vocabulary as v
 from ..core.admission import Refusal, admit_claim, template_env_names
 from ..kube import ignore, status_code
-from ..metrics import LOST_BINDS
+from ..metrics import lost_bind
 from ..planning import Member, adoption_candidates
 from ..views import ClaimView, PoolView, SandboxView, TemplateView, checked, status_patch
 from .conditions import now_iso, set_condition
@@ -301,7 +301,7 @@ async def _lost_bind(ctx: Context, claim: ClaimView, m: Member, winner: str | No
     refills."""
     log.warning("claim %s/%s was bound to %s by another replica meanwhile; deleting sandbox %s taken for it",
                 claim.namespace, claim.name, winner, m.name)
-    LOST_BINDS.inc()
+    lost_bind(m.uid)
     ctx.claims.unbind(claim.namespace, claim.name)
     if m.name != winner:
         await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, claim.namespace, uid=m.uid or None))
@@ -433,7 +433,7 @@ async def _drop_extras(ctx: Context, claim: ClaimView, bound_to: str) -> Member 
         elif not m.deleting:
             log.warning("claim %s/%s is bound to %s; deleting sandbox %s also labelled for it", claim.namespace,
                         claim.name, bound_to, m.name)
-            LOST_BINDS.inc()
+            lost_bind(m.uid)
             await ignore({404, 409}, ctx.kube.delete("Sandbox", m.name, claim.namespace, uid=m.uid or None))
     return found
 

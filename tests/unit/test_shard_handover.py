@@ -10,6 +10,7 @@ comes back; a deleted claim's key gets the same shard from the request, the disp
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -238,3 +239,44 @@ async def test_a_failed_claims_sandbox_goes_after_the_failed_status_and_a_failed
     op.sync()
     await reconcile_claim(op.ctx, NS, "c")
     assert fake.find("Sandbox", NS, "wp-s") is None
+
+
+async def test_a_sandbox_given_back_after_a_lost_bind_is_counted_once(clock: list[float]) -> None:
+    """Two replicas bind one claim at once. The second loses the status write and deletes the sandbox it adopted
+    (a lost bind); its next pass, before the deletion's watch event, still sees that sandbox labelled for the claim
+    and deletes it again. corral_claim_lost_binds_total counts the sandbox once."""
+    from prometheus_client import REGISTRY
+
+    def lost_binds() -> float:
+        return REGISTRY.get_sample_value("corral_claim_lost_binds_total") or 0.0
+
+    fake = FakeKube()
+    put_template(fake)
+    first, second = Operator(fake, {"claim_quiet": 0.0}), Operator(fake, {"claim_quiet": 0.0})
+    wp = put_warmpool(fake, "wp", replicas=2)
+    for name in ("wp-a", "wp-b"):
+        put_member(fake, wp, bp_hash_of(first), name)
+    put_claim(fake, "c", "wp")
+    first.sync()
+    second.sync()  # both see the claim Pending and both sandboxes idle
+    await reconcile_claim(first.ctx, NS, "c")
+    winner = (fake.find("SandboxClaim", NS, "c") or {})["status"]["sandbox"]["name"]
+    deleted: dict[str, Any] = {}
+    fake.before("delete", "Sandbox", lambda call: deleted.update(
+        {call.name: copy.deepcopy(fake.find("Sandbox", NS, call.name))}))
+    before = lost_binds()
+
+    await reconcile_claim(second.ctx, NS, "c")  # adopts the other sandbox, loses the Bound write, gives it back
+    assert list(deleted) == [other := ({"wp-a", "wp-b"} - {winner}).pop()]
+    assert lost_binds() - before == 1
+    keep = dict(fake.objects)
+    fake.objects[("Sandbox", NS, other)] = deleted[other]
+    second.sync()  # its watch shows the claim Bound, but not yet the deletion
+    fake.objects.clear()
+    fake.objects.update(keep)
+    fake.reset_calls()
+
+    await reconcile_claim(second.ctx, NS, "c")
+
+    assert [c.name for c in fake.made("delete", "Sandbox")] == [other]  # deleted again (a 404 here: it is gone)
+    assert lost_binds() - before == 1
