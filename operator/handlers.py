@@ -30,7 +30,7 @@ from .reconcile.pools import reconcile_pool, reconcile_warmpool
 from .reconcile.sandboxes import reconcile_sandbox
 from .reconcile.templates import reconcile_template
 from .resync import kopf_indices_complete, resync
-from .shards import ShardSettings, start_shards
+from .shards import ShardSettings, keep_sweeping, start_shards
 from .workqueue import WorkQueue
 
 log = logging.getLogger("corral.operator")
@@ -138,6 +138,7 @@ async def _follow_peering(context: Context, settings: kopf.OperatorSettings) -> 
     peering = settings.peering
     context.leadership.on_change(lambda active: _hold_or_resync(context, active))
     context.leadership.on_change(lambda _active: _mark_pod(context))
+    context.leadership.on_change(lambda active: _sweep_shard_leases(context) if active else None)
     if peering.mandatory and not peering.standalone:
         if peering.clusterwide:
             context.leadership.start(context.kube.client, name=peering.name, me=os.environ.get("POD_ID", ""),
@@ -145,6 +146,18 @@ async def _follow_peering(context: Context, settings: kopf.OperatorSettings) -> 
         else:
             log.warning("namespaced kopf peering: the claims API does not follow it (run cluster-wide, the default)")
     await _mark_pod(context)
+    if context.leadership.active:
+        _sweep_shard_leases(context)
+
+
+def _sweep_shard_leases(context: Context) -> None:
+    """Sharding off: the active replica deletes the shard and member leases a sharded configuration left (once
+    each is free or stale, corral.operator.shards.leftovers)."""
+    if (task := STATE_TASKS.get("lease-sweep")) is not None and not task.done():
+        return
+    namespace, group = ShardSettings.home()
+    STATE_TASKS["lease-sweep"] = asyncio.create_task(
+        keep_sweeping(context.kube, namespace, group, 0, lambda: context.leadership.active), name="corral-lease-sweep")
 
 
 def _hold_or_resync(context: Context, active: bool) -> None:
@@ -190,7 +203,7 @@ async def cleanup(**_: Any) -> None:
         # replica given a short grace (a force-deleted pod gets 2 s) was killed first: its shards waited the lease.
         await running.shards.stop()
     await claims_api.stop()
-    for name in ("resync", "kopf"):
+    for name in ("resync", "kopf", "lease-sweep"):
         if (task := STATE_TASKS.pop(name, None)) is not None:
             task.cancel()
     if (informers := INFORMERS.pop("hot", None)) is not None:

@@ -212,6 +212,72 @@ def plan(me: str, shards: int, leases: Mapping[int, Observed], members: Iterable
     return Plan(acquire=acquire, release=release, reap=reap)
 
 
+LEFTOVER_AFTER = 300.0  # s of wall clock without a renewal: a lease of no current shard belongs to nobody alive
+
+
+def leftovers(items: Iterable[Mapping[str, Any]], namespace: str, group: str, shards: int,
+              now: datetime) -> tuple[list[tuple[str, str]], float | None]:
+    """The group's leases in `namespace` that the current configuration has no use for: shard leases of index >=
+    shards, and with sharding off (shards=0) every lease of the group, member leases included. Each is left over
+    once it is free (no holder) or has not been renewed for LEFTOVER_AFTER s (wall clock, from its renewTime: a
+    replica of an earlier configuration still running, a rolling update, keeps its leases until then). Returns
+    [(name, resourceVersion)] to delete, and the seconds until the next one held now would be left over (None:
+    none)."""
+    shard_prefix, member_prefix = group + SHARD_PREFIX, group + MEMBER_PREFIX
+    gone: list[tuple[str, str]] = []
+    wait: float | None = None
+    for body in items:
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        name = meta.get("name", "")
+        if meta.get("namespace") != namespace:
+            continue
+        if name.startswith(shard_prefix) and name[len(shard_prefix):].isdigit():
+            if int(name[len(shard_prefix):]) < shards:
+                continue
+        elif not (shards == 0 and name.startswith(member_prefix)):
+            continue
+        left = 0.0
+        if spec.get("holderIdentity"):
+            try:
+                renewed = datetime.fromisoformat(str(spec.get("renewTime")).replace("Z", "+00:00"))
+                left = LEFTOVER_AFTER - (now - renewed).total_seconds()
+            except ValueError:
+                left = 0.0  # a holder without a readable renewTime: never renewed by a replica of ours
+        if left <= 0:
+            gone.append((name, meta.get("resourceVersion", "")))
+        else:
+            wait = left if wait is None else min(wait, left)
+    return gone, wait
+
+
+async def sweep_leftovers(kube: Any, namespace: str, group: str, shards: int) -> float | None:
+    """Delete the group's leftover leases (`leftovers`), each conditional on the version seen. One list of the
+    group's leases; returns the seconds until the next leftover (None: none left)."""
+    from .kube import ignore
+
+    items, _ = await kube.list_all("Lease", {L_SHARDS: group})
+    gone, wait = leftovers(items, namespace, group, shards, datetime.now(UTC))
+    for name, rv in gone:
+        log.info("deleting lease %s/%s: no replica of this configuration (%s) uses it", namespace, name,
+                 f"{shards} shards" if shards else "sharding off")
+        await ignore({404, 409}, kube.delete("Lease", name, namespace, resource_version=rv or None))
+    return wait
+
+
+async def keep_sweeping(kube: Any, namespace: str, group: str, shards: int, still: Callable[[], bool]) -> None:
+    """sweep_leftovers, again when the next leftover is due, while still() (a replica's role that sweeps) holds.
+    Finite: nothing renews a lease of no current shard, so each sweep leaves fewer."""
+    while still():
+        try:
+            wait = await sweep_leftovers(kube, namespace, group, shards)
+        except Exception as exc:  # noqa: BLE001 - leftovers are untidy, not harmful: try once more later
+            log.warning("could not sweep leftover shard leases in %s: %s", namespace, exc)
+            wait = LEFTOVER_AFTER
+        if wait is None:
+            return
+        await asyncio.sleep(wait + 1)
+
+
 def now_micro() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -289,6 +355,13 @@ class ShardSettings:
     duration: float = 15.0
     address: str = ""
 
+    @staticmethod
+    def home(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+        """(namespace, group) of the shard leases, whether sharding is on or not (off: to sweep what it left)."""
+        env = os.environ if environ is None else environ
+        return (env.get("CORRAL_SHARD_NAMESPACE") or env.get("CORRAL_NAMESPACE") or "corral-system",
+                env.get("CORRAL_SHARD_GROUP") or "corral")
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, api_port: int | None = None) -> ShardSettings | None:
         env = os.environ if environ is None else environ
@@ -300,8 +373,8 @@ class ShardSettings:
             host = env.get("CORRAL_POD_IP") or env.get("CORRAL_API_HOST") or ""
             if host and host not in ("0.0.0.0", "::"):
                 address = f"http://[{host}]:{api_port}" if ":" in host else f"http://{host}:{api_port}"
-        return cls(shards=n, namespace=env.get("CORRAL_SHARD_NAMESPACE") or env.get("CORRAL_NAMESPACE")
-                   or "corral-system", group=env.get("CORRAL_SHARD_GROUP") or "corral",
+        namespace, group = cls.home(env)
+        return cls(shards=n, namespace=namespace, group=group,
                    duration=float(env.get("CORRAL_SHARD_LEASE_SECONDS") or 15), address=address)
 
 
@@ -639,6 +712,7 @@ RECONCILED = ("SandboxTemplate", "WarmPool", "Pool", "SandboxClaim", "SandboxBat
 def start_shards(ctx: Any, settings: ShardSettings, me: str) -> Shards:
     """Sharded mode for the operator's Context: its requests are gated by the shards held (Context.request)."""
     shard_map = ShardMap(ctx.cache, settings.shards)
+    sweeping: set[asyncio.Task[None]] = set()
 
     def keys_in(s: int) -> list[Key]:
         return [(kind, b["metadata"]["namespace"], b["metadata"]["name"]) for kind in RECONCILED
@@ -657,6 +731,11 @@ def start_shards(ctx: Any, settings: ShardSettings, me: str) -> Shards:
         for key in keys:
             ctx.request(*key)
         log.info("shard %d: %d objects to reconcile", s, len(keys))
+        if s == 0:  # shard 0's holder tidies the leases of shards an earlier configuration had (more of them)
+            task = asyncio.create_task(keep_sweeping(ctx.kube, settings.namespace, settings.group, settings.shards,
+                                                     lambda: 0 in shards.valid_until), name="corral-lease-sweep")
+            sweeping.add(task)
+            task.add_done_callback(sweeping.discard)
 
     def lost(s: int) -> None:
         """Nothing of the shard runs here any more: its deadline timers go, its batches' task followers stop, and

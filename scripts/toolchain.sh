@@ -267,7 +267,11 @@ build_kube_router() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
-targets=("$@"); [[ ${#targets[@]} -eq 0 || "${targets[0]}" == all ]] && targets=(etcd kwok kube helm pulumi yaml k8s-provider)
+# "all" expands in place: `all kind-all` builds both sets (it once dropped every target after "all").
+targets=()
+for t in "${@:-all}"; do
+  if [[ "$t" == all ]]; then targets+=(etcd kwok kube helm pulumi yaml k8s-provider); else targets+=("$t"); fi
+done
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) timed build_etcd ;; kwok) timed build_kwok ;; kube) timed build_kube ;; helm) timed build_helm ;;

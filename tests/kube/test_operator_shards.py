@@ -359,3 +359,52 @@ def test_two_replicas_acting_on_one_pool_at_once_give_each_batch_index_one_sandb
         for op in replicas:
             op.stop()
         operator.start()
+
+
+def test_leases_of_an_earlier_sharding_configuration_are_swept(kube, kube_cluster, operator, ns, tmp_path):
+    """Four shards, then two: the holder of shard 0 deletes the leases of shards 2 and 3. Then sharding off: the
+    active (unsharded) operator deletes the rest of the group's leases, a member lease left by a replica killed long
+    ago among them, and leaves one renewed a moment ago (a replica of the old configuration still running)."""
+    from datetime import UTC, datetime, timedelta
+
+    from lightkube.models.coordination_v1 import LeaseSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+
+    group = ns
+
+    def names() -> set[str]:
+        return {le.metadata.name for le in kube.list(Lease, namespace=ns, labels={"corral.dev/shards": group})}
+
+    def held(n: int):
+        shards, _ = holders(kube, ns, group)
+        return shards if len(shards) >= n and all(shards.get(s) for s in range(n)) else None
+
+    operator.stop()  # the session's standalone operator steps aside
+    four = sharded(operator, kube_cluster, tmp_path, ns, "four", group=group)
+    try:
+        wait_until(lambda: held(SHARDS), 30, 0.25, "four shards held")
+    finally:
+        four.stop()  # releases its shards, deletes its member lease
+    assert names() == {f"{group}-shard-{s}" for s in range(SHARDS)}
+    two = sharded(operator, kube_cluster, tmp_path, ns, "two", group=group, shards=2)
+    try:
+        wait_until(lambda: names() if {f"{group}-shard-2", f"{group}-shard-3"}.isdisjoint(names()) and held(2)
+                   else None, 30, 0.25, "the leases of shards 2 and 3 gone", dump=names)
+    finally:
+        two.stop()
+    now = datetime.now(UTC)
+    for name, holder, ago in ((f"{group}-replica-dead", "killed-long-ago", 3600),
+                              (f"{group}-replica-live", "alive", 1)):
+        kube.create(Lease(metadata=ObjectMeta(name=name, namespace=ns, labels={"corral.dev/shards": group}),
+                          spec=LeaseSpec(holderIdentity=holder, leaseDurationSeconds=LEASE,
+                                         renewTime=now - timedelta(seconds=ago))))
+    unsharded = type(operator)(kube_cluster.kubeconfig, tmp_path / "unsharded")
+    unsharded.log_dir.mkdir()
+    unsharded.env = {"CORRAL_SHARD_GROUP": group, "CORRAL_NAMESPACE": ns}
+    unsharded.start()
+    try:
+        wait_until(lambda: names() if names() == {f"{group}-replica-live"} else None, 30, 0.25,
+                   "only the lease renewed a moment ago left", dump=names)
+    finally:
+        unsharded.stop()
+        operator.start()

@@ -223,3 +223,31 @@ def test_shard_settings_from_env():
     assert s is not None and (s.shards, s.namespace, s.address, s.duration) == (4, "ops", "http://10.0.0.7:7780", 15)
     s = ShardSettings.from_env({"CORRAL_SHARDS": "2", "CORRAL_API_HOST": "0.0.0.0"}, api_port=7780)
     assert s is not None and s.address == ""
+
+
+def test_leftover_leases_are_those_of_no_current_shard_once_free_or_stale() -> None:
+    """Shard leases of index >= N (all of the group's leases with sharding off, member leases too) are left over
+    once nobody holds them or nobody renewed them for LEFTOVER_AFTER s; other namespaces and groups are not looked
+    at. The wait is until the first held one is due."""
+    from datetime import UTC, datetime, timedelta
+
+    from corral.operator.shards import LEFTOVER_AFTER, leftovers
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+    def lease(name: str, holder: str | None = None, ago: float = 0.0, ns: str = "ops") -> dict:
+        renew = (now - timedelta(seconds=ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return {"metadata": {"name": name, "namespace": ns, "resourceVersion": f"rv-{name}"},
+                "spec": {"holderIdentity": holder, "renewTime": renew if holder else None}}
+
+    items = [lease("g-shard-0", "a", 1), lease("g-shard-1"), lease("g-shard-2"), lease("g-shard-3", "old", 60),
+             lease("g-shard-4", "dead", LEFTOVER_AFTER + 1), lease("g-replica-aa", "a", 1),
+             lease("g-replica-bb", "dead", LEFTOVER_AFTER + 5), lease("g-shard-5", ns="elsewhere"),
+             lease("h-shard-7"), lease("g-shard-x")]
+    gone, wait = leftovers(items, "ops", "g", 2, now)
+    assert gone == [("g-shard-2", "rv-g-shard-2"), ("g-shard-4", "rv-g-shard-4")]
+    assert wait == LEFTOVER_AFTER - 60
+    gone, wait = leftovers(items, "ops", "g", 0, now)  # sharding off
+    assert [n for n, _ in gone] == ["g-shard-1", "g-shard-2", "g-shard-4", "g-replica-bb"]
+    assert wait == LEFTOVER_AFTER - 60
+    assert leftovers(items[:2], "ops", "g", 2, now) == ([], None)
