@@ -10,7 +10,9 @@ shows it Bound. Writes JSON and PNGs into bench/claims_k8s/results/.
         [--rate 50,100] [--duration 300] [--operator-rev REV] [--tag TAG] [--note TEXT]
 
 Phases (all by default, in this order; --only runs a subset, each one alone if need be):
-  ceiling       the control plane alone: the burst's claim-path writes, before the operator starts -> apiserver_ceiling
+  ceiling       the control plane alone, before the operator starts (floor.py): the burst's claim-path writes alone
+                -> apiserver_ceiling; the burst itself with a responder that only binds (the floor in the burst's
+                shape) -> control_plane_floor_burst
   fill          time to fill a WarmPool of 300 -> fill
   sequential    100 warm claims back-to-back -> warm_sequential (+ API writes per claim)
   spaced-quiet  50 warm claims, each 0.5 s after the previous one is Bound (its refill is done by then) -> warm_spaced
@@ -32,9 +34,10 @@ Phases (all by default, in this order; --only runs a subset, each one alone if n
 Results: claims-k8s.json/.png for a full run; a run with --only or --quick writes
 claims-k8s-<phases>[-quick][-<tag>].json so that it does not replace the full record. Keys: every key of the
 records before issue 18 keeps its meaning (warm_spaced is the quiet spaced shape, renamed in the phase list only);
-warm_burst gained
-operator_cpu_ms_per_claim_incl_refill, control_plane_floor_ms and p90_over_floor; new top-level keys are
-warm_spaced_refilling(_other_intervals), sustained, operator (which code ran) and load_average.phases.
+warm_burst gained operator_cpu_ms_per_claim_incl_refill, control_plane_floor_ms and p90_over_floor (the floor is
+control_plane_floor_burst's p90 since issue 18's last re-record; the writes-alone ratio recorded before that is now
+p90_over_writes_alone); new top-level keys are warm_spaced_refilling(_other_intervals), sustained, operator (which
+code ran), load_average.phases and control_plane_floor_burst.
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ import time
 import uuid
 from pathlib import Path
 
+import floor  # bench/claims_k8s/floor.py (the script's directory is first on sys.path)
 import httpx
-import openloop  # bench/claims_k8s/openloop.py (the script's directory is first on sys.path)
+import openloop
 import plots
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.generic_resource import create_namespaced_resource
@@ -176,39 +180,6 @@ def wait_ready(client: Client, ns: str, pool: str, n: int, timeout: float) -> fl
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"{pool}: {ready}/{n} ready")
         time.sleep(0.25)
-
-
-async def apiserver_ceiling(kubeconfig: str, ns: str, n: int) -> dict[str, float]:
-    """What the control plane alone allows for a burst: n claim creates, then the claim path's two writes per claim
-    (a merge patch + a status merge patch) with 64 in flight, through the operator's own HTTP client, from a process
-    that does nothing else (the operator is not running yet). Burst latency cannot beat this."""
-    from corral.operator.kube import FastHttp
-
-    fast = FastHttp.from_kubeconfig(KubeConfig.from_file(kubeconfig))
-    base = f"/apis/corral.dev/v1alpha1/namespaces/{ns}/sandboxclaims"
-    names = [f"ceiling-{i:04d}" for i in range(n)]
-    sem = asyncio.Semaphore(64)
-    merge = "application/merge-patch+json"
-
-    async def one(method: str, path: str, body: object = None, ctype: str = "application/json") -> None:
-        async with sem:
-            await fast.request(method, path, body, content_type=ctype)
-
-    try:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one("POST", base, {"apiVersion": "corral.dev/v1alpha1", "kind": "SandboxClaim",
-                                                   **claim(x, "none").to_dict()}) for x in names))
-        t1 = time.perf_counter()
-        await asyncio.gather(*(one("PATCH", f"{base}/{x}", {"metadata": {"labels": {"bench": "1"}}}, merge)
-                               for x in names))
-        await asyncio.gather(*(one("PATCH", f"{base}/{x}/status", {"status": {"phase": "Bound"}}, merge)
-                               for x in names))
-        t2 = time.perf_counter()
-        await asyncio.gather(*(one("DELETE", f"{base}/{x}") for x in names))
-    finally:
-        await fast.close()
-    return {"claims": n, "creates_per_s": round(n / (t1 - t0)), "claim_path_writes_per_s": round(2 * n / (t2 - t1)),
-            "claim_path_seconds": round(t2 - t1, 2)}
 
 
 async def create_concurrently(kubeconfig: str, ns: str, objs: list) -> None:
@@ -359,8 +330,16 @@ def main() -> None:
     phase_load: dict[str, list[float]] = {}
     if "ceiling" in phases:
         phase_load["ceiling"] = list(os.getloadavg())
-        results["apiserver_ceiling"] = asyncio.run(apiserver_ceiling(args.kubeconfig, ns, burst_n))
+        results["apiserver_ceiling"] = asyncio.run(floor.writes_alone(args.kubeconfig, ns, burst_n))
         print("apiserver_ceiling", results["apiserver_ceiling"], flush=True)
+        fns = new_namespace(client, f"{ns}-floor")
+        template = client.get(SandboxTemplate, "py", namespace=fns).to_dict()["spec"]
+        results["control_plane_floor_burst"] = floor.burst_shape(
+            args.kubeconfig, fns, burst_n, template, watch=ClaimWatch(client, fns),
+            create=lambda names: asyncio.run(
+                create_concurrently(args.kubeconfig, fns, [claim(x, "floor") for x in names])))
+        results["control_plane_floor_burst"]["namespace_deleted_s"] = drop_namespace(client, fns, 300)
+        print("control_plane_floor_burst", results["control_plane_floor_burst"], flush=True)
     op = Operator(args.kubeconfig, out / "operator.log")  # git-ignored
     extra_ns: list[str] = []
     watch: ClaimWatch | None = None
@@ -425,7 +404,8 @@ def main() -> None:
             elif phase == "burst":
                 fill_pool(timed=False)
                 results["warm_burst"] = burst(args.kubeconfig, client, ns, op, watch, burst_n, fill_n,
-                                              results.get("apiserver_ceiling"))
+                                              results.get("apiserver_ceiling"),
+                                              results.get("control_plane_floor_burst"))
                 print("warm_burst", results["warm_burst"], flush=True)
             elif phase == "cold":
                 results["cold_sequential"] = cold(client, ns, watch, cold_n)
@@ -491,9 +471,9 @@ def sequential(client: Client, ns: str, op: Operator, watch: ClaimWatch, seq_n: 
 
 
 def burst(kubeconfig: str, client: Client, ns: str, op: Operator, watch: ClaimWatch, burst_n: int, fill_n: int,
-          ceiling: dict | None) -> dict:
+          ceiling: dict | None, shaped: dict | None) -> dict:
     """Warm claims all at once against a pool of the same size; the operator's CPU per claim (up to the last one
-    Bound, and up to the refilled pool); the p90 over the control plane's floor for the same writes."""
+    Bound, and up to the refilled pool); the p90 over the control plane's floor for the same burst (floor.py)."""
     names = [f"burst-{i:04d}" for i in range(burst_n)]
     cpu0, writes0 = op.cpu_seconds(), op.writes()
     asyncio.run(create_concurrently(kubeconfig, ns, [claim(n, "fill") for n in names]))
@@ -509,9 +489,12 @@ def burst(kubeconfig: str, client: Client, ns: str, op: Operator, watch: ClaimWa
            "operator_cpu_ms_per_claim_incl_refill": round(cpu_refill * 1000 / burst_n, 2),
            "operator_writes_until_last_bound": {k.split("{", 1)[1].rstrip("}"): v - writes0.get(k, 0)
                                                 for k, v in writes1.items() if v - writes0.get(k, 0)}}
-    if ceiling and ceiling.get("claims") == burst_n:
-        floor_ms = ceiling["claim_path_seconds"] * 1000
-        out |= {"control_plane_floor_ms": floor_ms, "p90_over_floor": round(out["p90_ms"] / floor_ms, 2)}
+    if shaped and shaped.get("n") == burst_n:  # the floor in the burst's own shape: its p90 against this p90
+        out |= {"control_plane_floor_ms": round(shaped["p90_ms"], 1),
+                "p90_over_floor": round(out["p90_ms"] / shaped["p90_ms"], 2)}
+    if ceiling and ceiling.get("claims") == burst_n:  # the writes alone, after the creates (the record before)
+        out |= {"claim_path_writes_alone_ms": ceiling["claim_path_seconds"] * 1000,
+                "p90_over_writes_alone": round(out["p90_ms"] / (ceiling["claim_path_seconds"] * 1000), 2)}
     return out
 
 

@@ -35,7 +35,11 @@ def plot(results: dict, path: Path) -> None:
     labels = [n for n, _ in rows]
     if ceiling.get("claim_path_seconds") and "warm\nburst" in labels:  # the burst's writes, control plane alone
         ax1.scatter([labels.index("warm\nburst") + 0.27], [ceiling["claim_path_seconds"] * 1000], marker="_", s=900,
-                    color="black", zorder=3, label="burst writes, control plane alone")
+                    color="grey", zorder=3, label="burst's claim-path writes alone")
+    shaped = results.get("control_plane_floor_burst") or {}
+    if shaped.get("p90_ms") and "warm\nburst" in labels:  # the burst with a responder that only binds (floor.py)
+        ax1.scatter([labels.index("warm\nburst") + 0.27], [shaped["p90_ms"]], marker="_", s=900,
+                    color="black", zorder=3, label="burst p90 floor (a responder that only binds)")
     ax1.legend(fontsize=7, loc="upper left")
     bars = []
     if results.get("fill"):
