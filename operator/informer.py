@@ -289,6 +289,8 @@ def react_claim(context: Any, event: str, o: Obj) -> None:
 def react_sandbox(context: Any, event: str, o: Obj) -> None:
     """A sandbox changed: reconcile it, its pool, and what holds it (a claim, or a batch)."""
     ns, name, labels = o.metadata.namespace, o.metadata.name, o.metadata.labels or {}
+    if event == "DELETED":  # on every replica: a claim token noted for it goes, whoever holds its shard now
+        context.tokens.take(ns, name)
     context.request("Sandbox", ns, name)
     pool = labels.get(L_POOL)
     if pool:

@@ -280,3 +280,22 @@ async def test_a_sandbox_given_back_after_a_lost_bind_is_counted_once(clock: lis
 
     assert [c.name for c in fake.made("delete", "Sandbox")] == [other]  # deleted again (a 404 here: it is gone)
     assert lost_binds() - before == 1
+
+
+def test_a_claim_token_noted_for_a_sandbox_goes_with_its_deletion_event_on_every_replica() -> None:
+    """A replica put a claim's token into a sandbox's execd and then lost the shard: the note stays while the
+    sandbox exists (Context.forget). The sandbox's deletion, reconciled by the shard's new holder, reaches this
+    replica as a watch event: the note goes then, not at its next shard change."""
+    from types import SimpleNamespace
+
+    from corral.operator.informer import react_sandbox
+
+    op = Operator(FakeKube(), {})
+    op.ctx.tokens.note_installed(NS, "wp-a", "pod-uid", "claim-uid")
+    op.ctx.tokens.note_installed(NS, "wp-b", "pod-uid-b", "claim-uid-b")
+    gone = SimpleNamespace(metadata=SimpleNamespace(namespace=NS, name="wp-a", labels={}))
+    react_sandbox(op.ctx, "MODIFIED", gone)
+    assert op.ctx.tokens.installed(NS, "wp-a") == ("pod-uid", "claim-uid")
+    react_sandbox(op.ctx, "DELETED", gone)
+    assert op.ctx.tokens.installed(NS, "wp-a") is None
+    assert op.ctx.tokens.installed(NS, "wp-b") == ("pod-uid-b", "claim-uid-b")
