@@ -52,9 +52,9 @@ Another replica acts on them meanwhile, so that memory is stale when the shard c
 overtaken by the other replica's writes, would hold the claim back for good; a binding the other replica undid would
 make the claim wait for a sandbox that is gone. (Kept: a claim token noted as put into a live sandbox's execd, which
 only makes a later take-back restart the pod if execd does not answer, until the sandbox's deletion event reaches
-this replica; template specs and namespace state, no shard's. A claim pending across a handover measures its latency from when its current holder first saw it.) A key
-whose object is gone keeps its last shard for GONE_TTL seconds (`ShardMap.shard`): the request, the dispatch and a
-lost shard's timers agree on where its cleanup runs.
+this replica; template specs and namespace state, no shard's. A claim pending across a handover measures its
+latency from when its current holder first saw it.) A key whose object is gone keeps its last shard for GONE_TTL
+seconds (`ShardMap.shard`): the request, the dispatch and a lost shard's timers agree on where its cleanup runs.
 
 What must never happen during a handover, when two replicas may both act on one shard for a moment (a reconcile that
 started before the old holder stopped; a paused process): one sandbox bound to two claims (or batch indexes), one
