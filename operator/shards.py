@@ -270,9 +270,10 @@ async def keep_sweeping(kube: Any, namespace: str, group: str, shards: int, stil
     while still():
         try:
             wait = await sweep_leftovers(kube, namespace, group, shards)
-        except Exception as exc:  # noqa: BLE001 - leftovers are untidy, not harmful: try once more later
-            log.warning("could not sweep leftover shard leases in %s: %s", namespace, exc)
-            wait = LEFTOVER_AFTER
+        except Exception as exc:  # noqa: BLE001 - leftovers are untidy, not harmful: not retried until next time
+            log.warning("could not sweep leftover shard leases in %s (again at the next takeover): %s", namespace,
+                        exc)
+            return
         if wait is None:
             return
         await asyncio.sleep(wait + 1)
