@@ -71,6 +71,13 @@ up() {
       printf -- '- |\n  kind: KubeletConfiguration\n  failCgroupV1: false\n'
     fi
   } >"$config"
+  # kind makes its Docker network dual-stack, and Docker turns on the host's net.ipv6.conf.*.forwarding for an IPv6
+  # network: made here IPv4-only (with kind's options) when there is none, kind uses it and the host's IPv6
+  # settings stay as they were. The cluster is IPv4.
+  if ! docker network inspect kind >/dev/null 2>&1; then
+    docker network create -d bridge -o com.docker.network.bridge.enable_ip_masquerade=true \
+      -o com.docker.network.driver.mtu=1500 kind >/dev/null
+  fi
   log "kind create cluster --name $NAME --image $image${CORRAL_KIND_UNPRIVILEGED:+ (unprivileged nodes)}"
   local t0=$SECONDS
   "$kind" create cluster --name "$NAME" --config "$config" --kubeconfig "$kubeconfig" --wait 0s >&2 \

@@ -171,6 +171,9 @@ def control_pods(kind_cluster, dev_stack):
         kind_cluster.kubectl("-n", ns, "run", name, "--image=corral/python:bookworm", "--image-pull-policy=Never",
                              "--restart=Never", "--command", "--", "python3", "-m", "http.server", "44772")
     kind_cluster.kubectl("-n", ns, "wait", "--for=condition=Ready", "pod/a", "pod/b", "--timeout=180s", timeout=200)
+    for name in ("a", "b"):  # Ready once started (no probe): the server may not listen yet (a refused control)
+        wait_until(lambda n=name: connect_from_pod(kind_cluster, ns, n, "127.0.0.1", 44772) == "open", 60, 0.5,
+                   f"control pod {name} listening")
     yield ns
     kind_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
