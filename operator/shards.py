@@ -266,7 +266,8 @@ async def sweep_leftovers(kube: Any, namespace: str, group: str, shards: int) ->
 
 async def keep_sweeping(kube: Any, namespace: str, group: str, shards: int, still: Callable[[], bool]) -> None:
     """sweep_leftovers, again when the next leftover is due, while still() (a replica's role that sweeps) holds.
-    Finite: nothing renews a lease of no current shard, so each sweep leaves fewer."""
+    Ends when none is left: only a replica of the earlier configuration still running (a rolling update) renews
+    one, and it keeps this going (one list per LEFTOVER_AFTER s) only until it stops."""
     while still():
         try:
             wait = await sweep_leftovers(kube, namespace, group, shards)
