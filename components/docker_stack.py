@@ -12,6 +12,7 @@ inside each method (never on self: providers are pickled), and tolerates objects
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,12 @@ STACK_LABEL = "corral.dev/stack"
 ROLE_LABEL = "corral.dev/role"
 
 
+_IMPORT = threading.Lock()  # the engine runs provider calls in threads: concurrent first imports of docker deadlocked
+
+
 def _client(host: str | None):
-    import docker
+    with _IMPORT:
+        import docker
 
     return docker.DockerClient(base_url=host) if host else docker.from_env()
 
