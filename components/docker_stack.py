@@ -28,12 +28,23 @@ STACK_LABEL = "corral.dev/stack"
 ROLE_LABEL = "corral.dev/role"
 
 
-_IMPORT = threading.Lock()  # the engine runs provider calls in threads: concurrent first imports of docker deadlocked
+_IMPORT = threading.Lock()
+
+
+def _modules() -> None:
+    """The engine runs provider calls in threads: the first imports of docker (and of the operator's Docker code,
+    which imports it) happen once, under a lock. Concurrent first imports raised importlib's _DeadlockError."""
+    with _IMPORT:
+        import docker  # noqa: F401
+        import docker.errors  # noqa: F401
+
+        import corral.operator.docker.engine  # noqa: F401
+        import corral.operator.docker.image  # noqa: F401
 
 
 def _client(host: str | None):
-    with _IMPORT:
-        import docker
+    _modules()
+    import docker
 
     return docker.DockerClient(base_url=host) if host else docker.from_env()
 
@@ -61,6 +72,7 @@ class NetworkProvider(_Provider):
         # The operator's own function: a bridge network with inter-container traffic off (its sandboxes cannot
         # reach each other; the operator, on the host network, still reaches them), an older ICC-on network of the
         # same name recreated when nothing is attached.
+        _modules()
         from corral.operator.docker.engine import ensure_network
 
         net_id = ensure_network(_client(props.get("host")), props["name"], internal=bool(props["internal"]),
@@ -71,6 +83,7 @@ class NetworkProvider(_Provider):
         return _replace_on(olds, news, self.KEYS)
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        _modules()
         from docker.errors import NotFound
 
         try:
@@ -98,6 +111,7 @@ class VolumeProvider(_Provider):
         return _replace_on(olds, news, ["name", "stack", "role", "host"])
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        _modules()
         from docker.errors import NotFound
 
         try:
@@ -119,6 +133,7 @@ class ImageProvider(_Provider):
     build cache, not state)."""
 
     def create(self, props: dict[str, Any]) -> CreateResult:
+        _modules()
         from docker.errors import ImageNotFound
 
         client = _client(props.get("host"))
@@ -127,6 +142,7 @@ class ImageProvider(_Provider):
         except ImageNotFound:
             if not props.get("build"):
                 raise RuntimeError(f"image {props['tag']} is not on the Docker engine") from None
+            _modules()
             from corral.operator.docker.image import ensure_image
 
             ensure_image()
@@ -209,6 +225,7 @@ class SweeperProvider(_Provider):
         return _replace_on(olds, news, ["stack", "host"])
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        _modules()
         from corral.operator.docker import engine
 
         engine.sweep(_client(props.get("host")), props["stack"])
@@ -230,6 +247,7 @@ class OperatorProvider(_Provider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         import urllib.request
 
+        _modules()
         from docker.errors import NotFound
 
         from corral.api.wire import API_HEALTH_PATH
@@ -279,6 +297,7 @@ class OperatorProvider(_Provider):
         return _replace_on(olds, news, self.KEYS)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        _modules()
         from docker.errors import NotFound
 
         try:
@@ -288,6 +307,7 @@ class OperatorProvider(_Provider):
         return ReadResult(id_, props)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
+        _modules()
         from docker.errors import NotFound
 
         client = _client(props.get("host"))
@@ -373,6 +393,7 @@ class DockerStack(pulumi.ComponentResource):
         if args.operator_image:
             tag, build = args.operator_image, False
         else:
+            _modules()
             from corral.operator.docker.image import tag as image_tag
 
             tag, build = image_tag(), True
