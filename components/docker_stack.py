@@ -142,7 +142,6 @@ class ImageProvider(_Provider):
         except ImageNotFound:
             if not props.get("build"):
                 raise RuntimeError(f"image {props['tag']} is not on the Docker engine") from None
-            _modules()
             from corral.operator.docker.image import ensure_image
 
             ensure_image()
@@ -393,8 +392,7 @@ class DockerStack(pulumi.ComponentResource):
         if args.operator_image:
             tag, build = args.operator_image, False
         else:
-            _modules()
-            from corral.operator.docker.image import tag as image_tag
+            from corral.operator.docker.image import tag as image_tag  # the program's main thread: no race
 
             tag, build = image_tag(), True
         image = OperatorImage(f"{name}-operator-image", tag=tag, build=build, host=host, opts=child)

@@ -49,7 +49,6 @@ def desired_state(stack: str, *, warm: dict[str, int] | None = None, pools: list
     )
 
 
-
 def list_containers(client: Any, labels: list[str]) -> list[Any]:
     """Containers (all states) with these labels. The docker SDK lists, then inspects each: one removed in between
     (a pool's surplus, or a removal the sweep found already in progress) is a 404 for the inspect: list again."""
