@@ -74,6 +74,11 @@ async def writes_alone(kubeconfig: str, ns: str, n: int) -> dict[str, float]:
             "claim_path_seconds": round(t2 - t1, 2)}
 
 
+def stand_in_ip(i: int) -> str:
+    """The (never contacted) pod IP a stand-in Sandbox's status names: loopback, like kwok's."""
+    return f"127.20.{i // 250}.{i % 250 + 2}"
+
+
 async def stand_ins(kubeconfig: str, ns: str, n: int, template: dict[str, Any]) -> None:
     """n Sandboxes as a WarmPool's ready sandboxes look when a claim adopts one: the template's blueprint in the
     spec, the pool's labels, a Ready status with the pod's IP and execd endpoint. Nothing reconciles them (no
@@ -89,7 +94,7 @@ async def stand_ins(kubeconfig: str, ns: str, n: int, template: dict[str, Any]) 
         body = sandbox_manifest(name=name, namespace=ns, template_name="py", blueprint=template,
                                 labels=sandbox_labels("py", "floor", "WarmPool"), owner=None)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        ip = f"127.20.{i // 250}.{i % 250 + 2}"
+        ip = stand_in_ip(i)
         status = {"phase": "Running", "podIPs": [ip], "endpoint": f"{ip}:44772", "nodeName": "kwok-node-0",
                   "blueprintHash": blueprint_hash(template), "observedGeneration": 1, "conditions": [
                       {"type": "Ready", "status": "True", "reason": "PodReady", "message": "execd answers",
@@ -129,8 +134,7 @@ async def respond(kubeconfig: str, ns: str, n: int, ready: Path) -> None:
             "annotations": {"corral.dev/launch-type": "Warm", "corral.dev/claim-uid": meta["uid"]},
             "ownerReferences": [owner_ref(claim)]}}, content_type=MERGE)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        i = int(sandbox.rsplit("-", 1)[1])
-        ip = f"127.20.{i // 250}.{i % 250 + 2}"
+        ip = stand_in_ip(int(sandbox.rsplit("-", 1)[1]))
         await fast.request("PATCH", f"{claims}/{meta['name']}/status", {
             "metadata": {"resourceVersion": meta["resourceVersion"]},
             "status": {"phase": "Bound", "sandbox": {"name": sandbox, "podIPs": [ip], "endpoint": f"{ip}:44772"},
